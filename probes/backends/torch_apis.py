@@ -1,0 +1,253 @@
+"""The PyTorch APIs free_benchmark can hook, and the wrapping that hooks them.
+
+Families and name prefixes follow the reference (spec §2.1): `torch` → Torch, `torch.Tensor`
+methods → Tensor, `torch.nn.functional` → Functional, torch_npu → NPU. Names are qualified
+(`Torch.linalg.norm`, B19). The catalog is built from the installed framework, so an API that
+does not exist is simply absent. Wrapping replaces attributes at start and puts the very same
+objects back at stop: after `uninstall()`, `torch.nn.functional.linear is torch._C._nn.linear`.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from probes.free_benchmark import exclusions
+
+_ALLOWED_DUNDERS = {
+    "__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__matmul__", "__rmatmul__",
+    "__truediv__", "__rtruediv__", "__div__", "__rdiv__", "__floordiv__", "__rfloordiv__", "__mod__", "__rmod__",
+    "__pow__", "__rpow__", "__neg__", "__pos__", "__abs__", "__and__", "__rand__", "__or__", "__ror__",
+    "__xor__", "__rxor__", "__lshift__", "__rlshift__", "__rshift__", "__rrshift__", "__invert__",
+    "__getitem__", "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__",
+    # in-place dunders and item assignment: wrapped so that their exclusion is logged
+    "__iadd__", "__isub__", "__imul__", "__imatmul__", "__itruediv__", "__idiv__", "__ifloordiv__", "__imod__",
+    "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__", "__setitem__",
+}
+# APIs that update some of their inputs as a side effect although their names do not end in "_":
+# their re-run gets copies of every tensor argument.
+_MUTATES_INPUTS = {"batch_norm", "instance_norm", "native_batch_norm", "embedding", "group_norm_stats"}
+
+
+@dataclass(eq=False)
+class ApiMeta:
+    """One hookable attribute and what the probe knows of it."""
+
+    prefix: str  # Torch, Tensor, Functional, NPU
+    qualname: str  # matmul, linalg.norm, __add__
+    owner: Any  # module or class holding the attribute
+    attr: str
+    original: Callable[..., Any]
+    own_value: Any = None  # what owner.__dict__ held (None when inherited)
+    had_own: bool = True
+    exclusion: str | None = None
+    inplace_pos: int | None = None  # position of an `inplace` parameter, for F.relu(x, True)
+    mutates_inputs: bool = False
+    wrapper: Callable[..., Any] | None = field(default=None, repr=False)
+
+    @property
+    def key(self) -> str:
+        return f"{self.prefix}.{self.qualname}"
+
+
+def call_exclusion(meta: ApiMeta, args: tuple, kwargs: dict) -> str | None:
+    """Exclusions that depend on how the API is called (out=, inplace=True)."""
+    if kwargs:
+        if kwargs.get("out") is not None:
+            return exclusions.OUT_ARG
+        if kwargs.get("inplace"):
+            return exclusions.IN_PLACE
+    pos = meta.inplace_pos
+    if pos is not None and len(args) > pos and args[pos] is True:
+        return exclusions.IN_PLACE
+    return None
+
+
+def _inplace_position(fn: Any) -> int | None:
+    try:
+        params = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return None
+    return params.index("inplace") if "inplace" in params else None
+
+
+def _is_op_callable(value: Any) -> bool:
+    return callable(value) and not inspect.isclass(value) and not inspect.ismodule(value)
+
+
+def _module_entries(module: Any, prefix: str, qual_prefix: str, names: list[str]) -> list[ApiMeta]:
+    metas = []
+    for name in names:
+        value = module.__dict__.get(name)
+        if value is None or not _is_op_callable(value):
+            continue
+        mod = getattr(value, "__module__", "") or ""
+        if mod.startswith(("typing", "torch.overrides", "torch._jit_internal")) or name.startswith("has_torch_function"):
+            continue
+        qual = qual_prefix + name
+        meta = ApiMeta(prefix, qual, module, name, value, own_value=value, had_own=True)
+        _classify(meta)
+        metas.append(meta)
+    return metas
+
+
+def _classify(meta: ApiMeta) -> None:
+    meta.exclusion = exclusions.exclusion_reason(meta.qualname)
+    name = meta.qualname.rsplit(".", 1)[-1]
+    meta.mutates_inputs = name in _MUTATES_INPUTS
+    if meta.prefix == "Functional":
+        meta.inplace_pos = _inplace_position(meta.original)
+
+
+def _torch_names() -> list[str]:
+    names = {n for n in dir(torch._C._VariableFunctions) if not n.startswith("_")}
+    names.update(n for n in getattr(torch.functional, "__all__", []) if not n.startswith("_"))
+    return sorted(n for n in names if n in torch.__dict__)
+
+
+def _public(module: Any) -> list[str]:
+    return sorted(n for n in module.__dict__ if not n.startswith("_"))
+
+
+def _tensor_entries() -> list[ApiMeta]:
+    cls = torch.Tensor
+    metas = []
+    for name in sorted(dir(cls)):
+        if name.startswith("_") and name not in _ALLOWED_DUNDERS:
+            continue
+        static = inspect.getattr_static(cls, name)
+        if isinstance(static, (property, staticmethod, classmethod)) or type(static).__name__ in (
+            "getset_descriptor", "member_descriptor", "classmethod_descriptor",
+        ):
+            continue
+        value = getattr(cls, name)
+        if not _is_op_callable(value):
+            continue
+        own = cls.__dict__.get(name)
+        meta = ApiMeta("Tensor", name, cls, name, value, own_value=own, had_own=name in cls.__dict__)
+        _classify(meta)
+        metas.append(meta)
+    return metas
+
+
+def build_catalog() -> tuple[ApiMeta, ...]:
+    """Every hookable API of the installed torch (and torch_npu when it imports), read afresh so
+    that attributes other libraries patched after import are the ones wrapped and restored."""
+    import torch.nn.functional as F
+
+    metas: list[ApiMeta] = []
+    metas += _module_entries(torch, "Torch", "", _torch_names())
+    for sub in ("linalg", "fft", "special"):
+        mod = getattr(torch, sub, None)
+        if mod is not None:
+            metas += _module_entries(mod, "Torch", sub + ".", _public(mod))
+    metas += _module_entries(F, "Functional", "", _public(F))
+    metas += _tensor_entries()
+    metas += _npu_entries()
+    return tuple(metas)
+
+
+def _npu_entries() -> list[ApiMeta]:
+    """torch_npu's own operators. Not exercised on machines without an Ascend NPU: the import
+    fails there and the family is simply absent."""
+    try:
+        import torch_npu  # type: ignore[import-not-found]
+    except Exception:
+        return []
+    names = [n for n in _public(torch_npu) if n.startswith("npu_")]
+    return _module_entries(torch_npu, "NPU", "", names)
+
+
+class _Depth(threading.local):
+    depth = 0
+
+
+_TLS = _Depth()
+# The one active call handler (a bound method of the running probe), or None.
+_HANDLER: list[Callable[..., Any] | None] = [None]
+
+
+def _make_wrapper(meta: ApiMeta) -> Callable[..., Any]:
+    original = meta.original
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        handler = _HANDLER[0]
+        tls = _TLS
+        if handler is None or tls.depth:
+            return original(*args, **kwargs)
+        tls.depth = 1
+        try:
+            return handler(meta, original, args, kwargs)
+        finally:
+            tls.depth = 0
+
+    try:
+        functools.update_wrapper(wrapper, original)
+    except (AttributeError, TypeError):
+        pass
+    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+    wrapper.__msprobe_meta__ = meta  # type: ignore[attr-defined]
+    return wrapper
+
+
+class suspended:
+    """Run code with every hook passing straight through (the probe's own re-runs, tests)."""
+
+    def __enter__(self) -> None:
+        self._saved = _TLS.depth
+        _TLS.depth = self._saved + 1
+
+    def __exit__(self, *exc: Any) -> None:
+        _TLS.depth = self._saved
+
+
+class ApiPatcher:
+    """Installs wrappers for a set of APIs and restores the originals, even after errors."""
+
+    def __init__(self, metas: tuple[ApiMeta, ...]) -> None:
+        self.metas = metas
+        self.installed = False
+
+    def install(self, handler: Callable[..., Any]) -> None:
+        if _HANDLER[0] is not None:
+            from probes.core.errors import ProbeError
+
+            raise ProbeError(
+                "another free_benchmark probe is already running in this process; stop it first "
+                "(PrecisionDebugger.stop()) before starting a second one"
+            )
+        done = []
+        try:
+            for meta in self.metas:
+                if meta.wrapper is None:
+                    meta.wrapper = _make_wrapper(meta)
+                setattr(meta.owner, meta.attr, meta.wrapper)
+                done.append(meta)
+        except BaseException:
+            self._restore(done)
+            raise
+        _HANDLER[0] = handler
+        self.installed = True
+
+    def uninstall(self) -> None:
+        _HANDLER[0] = None
+        if self.installed:
+            self._restore(self.metas)
+            self.installed = False
+
+    @staticmethod
+    def _restore(metas: Any) -> None:
+        for meta in metas:
+            if meta.had_own:
+                setattr(meta.owner, meta.attr, meta.own_value)
+            else:
+                try:
+                    delattr(meta.owner, meta.attr)
+                except AttributeError:
+                    pass

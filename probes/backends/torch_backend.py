@@ -1,0 +1,149 @@
+"""PyTorch adapter: dtypes, casts, bit views, RNG, rank. Imported only by torch-facing code."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+try:  # array-api-compat gives the torch namespace the core's formulas are written against
+    import array_api_compat.torch as _xp_torch
+except ImportError:  # pragma: no cover - declared dependency; keep a clear message
+    _xp_torch = None
+
+_DTYPE_NAMES = {
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+    torch.float32: "float32",
+    torch.float64: "float64",
+}
+_INT_VIEW = {"float16": torch.int16, "bfloat16": torch.int16, "float32": torch.int32, "float64": torch.int64}
+# Every floating dtype narrower than float32 is raised to float32 by improve_precision (B29: an
+# explicit table, not "fp16/bf16 only").
+_LOW_PRECISION = {torch.float16, torch.bfloat16}
+for _name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu"):
+    if hasattr(torch, _name):
+        _LOW_PRECISION.add(getattr(torch, _name))
+
+
+class TorchBackend:
+    name = "pytorch"
+    Tensor = torch.Tensor
+
+    def is_tensor(self, x: Any) -> bool:
+        return isinstance(x, torch.Tensor)
+
+    def is_float(self, t: Any) -> bool:
+        return t.is_floating_point() and t.device.type != "meta"
+
+    def dtype_name(self, t: Any) -> str:
+        return _DTYPE_NAMES.get(t.dtype, str(t.dtype).replace("torch.", ""))
+
+    def dtype_repr(self, t: Any) -> str:
+        return str(t.dtype)
+
+    def shape_repr(self, t: Any) -> str:
+        return str(t.shape)
+
+    def numel(self, t: Any) -> int:
+        return t.numel()
+
+    def shape(self, t: Any) -> tuple[int, ...]:
+        return tuple(t.shape)
+
+    def namespace(self, t: Any) -> Any:
+        if _xp_torch is None:
+            raise ImportError("array-api-compat is required: pip install array-api-compat")
+        return _xp_torch
+
+    def is_low_precision(self, t: Any) -> bool:
+        return t.dtype in _LOW_PRECISION
+
+    def upcast(self, t: Any) -> Any:
+        """float32 copy of a low-precision float tensor (same device), else the tensor itself."""
+        if isinstance(t, torch.Tensor) and t.dtype in _LOW_PRECISION:
+            return t.detach().to(torch.float32)
+        return t
+
+    def to_compute(self, t: Any, like: Any) -> Any:
+        """The dtype and device the ratio metric runs in: like's dtype, at least float32."""
+        dtype = like.dtype if like.dtype in (torch.float32, torch.float64) else torch.float32
+        return t.detach().to(device=like.device, dtype=dtype)
+
+    def cast_like(self, t: Any, like: Any) -> Any:
+        return t.detach().to(device=like.device, dtype=like.dtype)
+
+    def clone(self, t: Any) -> Any:
+        return t.detach().clone()
+
+    def to_cpu_float(self, t: Any) -> Any:
+        if isinstance(t, torch.Tensor):
+            t = t.detach().to("cpu")
+            return t.to(torch.float32) if t.dtype in _LOW_PRECISION else t
+        return t
+
+    def to_float64_cpu(self, t: Any) -> Any:
+        return t.detach().to(device="cpu", dtype=torch.float64)
+
+    def bit_view(self, t: Any) -> Any:
+        return t.view(_INT_VIEW[self.dtype_name(t)])
+
+    def from_bit_view(self, bits: Any, like: Any) -> Any:
+        return bits.view(like.dtype)
+
+    def host_floats(self, arrays: list[Any]) -> list[list[float]]:
+        """One host transfer per device for all the figures of a call."""
+        if not arrays:
+            return []
+        sizes = [a.numel() for a in arrays]
+        by_device: dict[Any, list[int]] = {}
+        for i, a in enumerate(arrays):
+            by_device.setdefault(a.device, []).append(i)
+        out: list[list[float]] = [[] for _ in arrays]
+        for idx in by_device.values():
+            flat = torch.cat([arrays[i].reshape(-1).to(torch.float64) for i in idx]).tolist()
+            pos = 0
+            for i in idx:
+                out[i] = flat[pos : pos + sizes[i]]
+                pos += sizes[i]
+        return out
+
+    def any_differ(self, a: Any, b: Any) -> Any:
+        """Device scalar: number of differing elements (integer/bool outputs are compared exactly, B16)."""
+        b = b.to(device=a.device)
+        if a.shape != b.shape:
+            return torch.tensor([float(max(a.numel(), 1))], device=a.device)
+        return (a != b).sum().reshape(1).to(torch.float64)
+
+    def no_grad(self) -> Any:
+        return torch.no_grad()
+
+    def rng_snapshot(self, args: Any) -> Any:
+        """Generator states before the original call, so the re-run draws the same numbers and
+        the user's random stream continues exactly as without the probe."""
+        cuda = torch.cuda.get_rng_state() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+        return torch.get_rng_state(), cuda
+
+    def rng_restore(self, snapshot: Any) -> None:
+        cpu, cuda = snapshot
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state(cuda)
+
+    def rank(self) -> int:
+        """Global rank; 0 without an initialised process group (B14: no exception path)."""
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank()
+        return 0
+
+    def is_distributed(self) -> bool:
+        dist = torch.distributed
+        return bool(dist.is_available() and dist.is_initialized())
+
+    def replace_data(self, target: Any, source: Any) -> None:
+        # `.data` keeps the user's tensor object and its autograd graph (fix changes forward values only)
+        target.data = source.detach().to(device=target.device, dtype=target.dtype)
+
+
+BACKEND = TorchBackend()

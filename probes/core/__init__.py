@@ -1,0 +1,1 @@
+"""Framework-free core of the probes: configuration, errors, metrics and thresholds."""

@@ -1,0 +1,41 @@
+"""Result records: tools emit these; writers turn them into files and the plugin into verdicts."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+FREE_BENCHMARK_COLUMNS = ("rank", "pert_mode", "stage", "step", "api_name", "max_rel", "dtype", "shape", "output_index")
+
+
+@dataclass(frozen=True)
+class FreeBenchmarkRow:
+    """One inconsistent output leaf: a row of free_benchmark.csv plus what the CSV cannot hold."""
+
+    rank: int
+    pert_mode: str
+    stage: str
+    step: int
+    api_name: str  # e.g. Torch.matmul.3.forward
+    max_rel: float | str | None  # ratio - 1, "symbol_flipping", "nan_mismatch", ... or None (to_cpu)
+    dtype: str  # str() of the framework dtype of the original output leaf
+    shape: str  # str() of its shape object, e.g. torch.Size([4, 4])
+    output_index: int | str | None
+    api: str = ""  # the API without call counter and stage, e.g. Torch.matmul
+    threshold: float = 0.0  # T - 1 of the rule that judged it (the documented relative error threshold)
+    figure: float = 0.0  # a sortable magnitude of the error (inf for flips and NaN mismatches)
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def csv_values(self) -> list[Any]:
+        values = []
+        for name in FREE_BENCHMARK_COLUMNS:
+            v = getattr(self, name)
+            values.append("" if v is None else v)
+        return values
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for key in ("figure",):
+            if d[key] == float("inf"):
+                d[key] = "inf"
+        return d

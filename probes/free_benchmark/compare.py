@@ -1,0 +1,152 @@
+"""Judging a perturbed output against the original, leaf by leaf.
+
+Every leaf of the output structure counts (tuples, lists, dicts, named tuples; B31): floating
+tensors by the ratio rule (or the single-benchmark rule for to_cpu), integer and bool tensors
+exactly (B16), Python numbers by the tensor rule on their values (B37). The figures of all leaves
+are gathered on the device and copied to the host in one transfer.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from probes.core import metrics
+from probes.core import thresholds as th
+
+
+class StructureMismatch(Exception):
+    """The perturbed call returned a differently shaped structure."""
+
+
+@dataclass
+class LeafVerdict:
+    path: tuple[Any, ...]
+    leaf: Any  # the original output leaf
+    consistent: bool
+    max_rel: float | str | None
+    threshold: float  # T - 1 of the rule applied
+    figure: float  # sortable error magnitude
+    dtype_repr: str
+    shape_repr: str
+    detail: dict[str, Any]
+
+
+def _pair_leaves(backend: Any, a: Any, b: Any, path: tuple = ()):
+    if backend.is_tensor(a) or backend.is_tensor(b):
+        if not (backend.is_tensor(a) and backend.is_tensor(b)):
+            raise StructureMismatch(f"at {path or 'output'}: {type(a).__name__} vs {type(b).__name__}")
+        yield path, a, b
+    elif isinstance(a, dict):
+        if not isinstance(b, dict) or list(a) != list(b):
+            raise StructureMismatch(f"at {path or 'output'}: dict keys differ")
+        for k in a:
+            yield from _pair_leaves(backend, a[k], b[k], path + (k,))
+    elif isinstance(a, (list, tuple)):
+        if not isinstance(b, (list, tuple)) or len(a) != len(b):
+            raise StructureMismatch(f"at {path or 'output'}: {type(a).__name__} of {len(a)} vs {type(b).__name__}")
+        for i, (x, y) in enumerate(zip(a, b)):
+            yield from _pair_leaves(backend, x, y, path + (i,))
+    else:
+        yield path, a, b
+
+
+def compare_outputs(
+    backend: Any, original: Any, perturbed: Any, *, pert_mode: str, tolerance: float | None = None
+) -> list[LeafVerdict]:
+    """Verdicts for every comparable leaf. `tolerance` overrides the forward clamp floor
+    (the backward stage uses 1e-3 for every dtype)."""
+    pairs = list(_pair_leaves(backend, original, perturbed))
+    if pert_mode == "to_cpu":
+        return _single_benchmark(backend, pairs)
+    device_figures: list[Any] = []
+    plans: list[tuple[str, tuple, Any, Any, float]] = []
+    verdicts: list[LeafVerdict] = []
+    for path, a, b in pairs:
+        if backend.is_tensor(a):
+            if backend.numel(a) == 0:
+                continue
+            if backend.is_float(a) and backend.is_float(b):
+                tol = tolerance if tolerance is not None else th.forward_tolerance(backend.dtype_name(b))
+                ca, cb = backend.to_compute(a, b), backend.to_compute(b, b)
+                xp = backend.namespace(cb)
+                device_figures.append(metrics.ratio_reductions(xp, ca, cb, tol))
+                plans.append(("ratio", path, a, (ca, cb, xp), tol))
+            else:
+                device_figures.append(backend.any_differ(a, b))
+                plans.append(("exact", path, a, b, 0.0))
+        elif isinstance(a, float) and isinstance(b, (int, float)) and not isinstance(b, bool):
+            verdicts.append(_scalar_verdict(path, a, float(b), pert_mode, tolerance))
+        elif isinstance(a, (bool, int)) and a != b:
+            verdicts.append(_exact_verdict(path, a, 1.0, type(a).__name__, "", pert_mode))
+    host = backend.host_floats(device_figures)
+    again = [i for i, (plan, h) in enumerate(zip(plans, host)) if plan[0] == "ratio" and metrics.needs_nonfinite_pass(h)]
+    if again:
+        redo = []
+        for i in again:
+            ca, cb, xp = plans[i][3]
+            redo.append(metrics.nonfinite_ratio_reductions(xp, ca, cb, plans[i][4]))
+        for i, h in zip(again, backend.host_floats(redo)):
+            host[i] = h
+    for (kind, path, a, _extra, tol), h in zip(plans, host):
+        if kind == "exact":
+            verdicts.append(_exact_verdict(path, a, h[0], backend.dtype_repr(a), backend.shape_repr(a), pert_mode))
+            continue
+        rv = metrics.finish_ratio(h, tol)
+        threshold = th.ratio_threshold(backend.dtype_name(a), pert_mode)
+        verdicts.append(
+            LeafVerdict(path, a, rv.consistent(threshold), rv.max_rel, threshold - 1.0, rv.figure,
+                        backend.dtype_repr(a), backend.shape_repr(a),
+                        {"ratio": rv.ratio, "symbol_flipping": rv.symbol_flipping,
+                         "nan_mismatch": rv.nan_mismatch, "inf_mismatch": rv.inf_mismatch, "tolerance": tol})
+        )
+    return verdicts
+
+
+def _exact_verdict(path, a, differing: float, dtype_repr: str, shape_repr: str, pert_mode: str) -> LeafVerdict:
+    ok = differing == 0
+    return LeafVerdict(path, a, ok, None if ok else "value_mismatch", 0.0, 0.0 if ok else math.inf,
+                       dtype_repr, shape_repr, {"differing_elements": int(differing)})
+
+
+def _scalar_verdict(path, a: float, b: float, pert_mode: str, tolerance: float | None) -> LeafVerdict:
+    tol = tolerance if tolerance is not None else th.forward_tolerance("float64")
+    if not (math.isfinite(a) and math.isfinite(b)):
+        same = (a == b) or (math.isnan(a) and math.isnan(b))
+        rv = metrics.RatioVerdict(1.0, nan_mismatch=not same and (math.isnan(a) or math.isnan(b)),
+                                  inf_mismatch=not same and not (math.isnan(a) or math.isnan(b)))
+    else:
+        r = max(abs(a), tol) / max(abs(b), tol)
+        rv = metrics.finish_ratio([r, r, a * b], tol)
+    threshold = th.ratio_threshold("float64", pert_mode)
+    return LeafVerdict(path, a, rv.consistent(threshold), rv.max_rel, threshold - 1.0, rv.figure, "float", "()",
+                       {"ratio": rv.ratio})
+
+
+def _single_benchmark(backend: Any, pairs: list) -> list[LeafVerdict]:
+    figures, plans, verdicts = [], [], []
+    for path, a, b in pairs:
+        if not backend.is_tensor(a) or backend.numel(a) == 0:
+            continue
+        if backend.is_float(a) and backend.is_float(b):
+            act, gold = backend.to_float64_cpu(a), backend.to_float64_cpu(b)
+            limits = th.single_benchmark_threshold(backend.dtype_name(a))
+            figures.append(metrics.single_benchmark_reductions(backend.namespace(act), act, gold, limits.small_value))
+            plans.append(("single", path, a, limits))
+        else:
+            figures.append(backend.any_differ(a, b))
+            plans.append(("exact", path, a, None))
+    for (kind, path, a, limits), h in zip(plans, backend.host_floats(figures)):
+        if kind == "exact":
+            verdicts.append(_exact_verdict(path, a, h[0], backend.dtype_repr(a), backend.shape_repr(a), "to_cpu"))
+            continue
+        sv = metrics.finish_single_benchmark(h, limits.rtol, limits.small_value_atol, limits.error_balance)
+        figure = math.inf if sv.nonfinite_mismatch else max(sv.abs_err / limits.small_value_atol,
+                                                            sv.rel_err / limits.rtol,
+                                                            abs(sv.error_balance) / limits.error_balance)
+        verdicts.append(LeafVerdict(path, a, sv.consistent, None, limits.rtol, figure, backend.dtype_repr(a),
+                                    backend.shape_repr(a),
+                                    {"abs_err": sv.abs_err, "rel_err": sv.rel_err, "error_balance": sv.error_balance,
+                                     "nonfinite_mismatch": sv.nonfinite_mismatch}))
+    return verdicts

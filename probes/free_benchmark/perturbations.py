@@ -1,0 +1,220 @@
+"""The six perturbation modes, written once over the backend interface.
+
+Each mode turns (args, kwargs) into the inputs of the second call, or says why it cannot. Inputs
+are never modified: a perturbed tensor is always a new tensor, and containers on the path to it
+are rebuilt (their types kept; the reference's MindSpore add_noise turned tuples into lists, B24).
+Only host-known facts (dtype, shape) decide whether a mode applies: value-dependent gates are
+applied element-wise on the device, so no mode forces a device-to-host synchronisation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from probes.core import thresholds as th
+from probes.core.trees import iter_leaves, replace_at, tree_map
+
+PERT_MODES = ("improve_precision", "add_noise", "bit_noise", "change_value", "no_change", "to_cpu")
+
+
+@dataclass
+class PerturbedCall:
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    on_cpu: bool = False
+
+
+@dataclass
+class Cancelled:
+    """The mode cannot perturb this call; nothing is re-run (B27)."""
+
+    reason: str
+
+
+def _no_inplace(kwargs: dict[str, Any]) -> dict[str, Any]:
+    if kwargs.get("inplace"):
+        kwargs = dict(kwargs)
+        kwargs["inplace"] = False
+    return kwargs
+
+
+def _float_leaves(backend: Any, args: tuple, kwargs: dict):
+    """(where, path, tensor) for every floating tensor, positional args first, then kwargs (B28)."""
+    for path, leaf in iter_leaves(args):
+        if backend.is_tensor(leaf) and backend.is_float(leaf):
+            yield "args", path, leaf
+    for path, leaf in iter_leaves(kwargs):
+        if backend.is_tensor(leaf) and backend.is_float(leaf):
+            yield "kwargs", path, leaf
+
+
+def _replace(args: tuple, kwargs: dict, where: str, path: tuple, value: Any) -> tuple[tuple, dict]:
+    if where == "args":
+        return replace_at(args, path, value), kwargs
+    return args, replace_at(kwargs, path, value)
+
+
+class Perturbation:
+    """Base: perturb the first floating tensor that the mode accepts."""
+
+    mode = ""
+    needs_float_target = True
+
+    def __init__(self, backend: Any, add_noise_style: str = "ulp") -> None:
+        self.backend = backend
+        self.add_noise_style = add_noise_style
+
+    def accepts(self, t: Any) -> str | None:
+        """None when this tensor can be perturbed, else why not."""
+        if self.backend.numel(t) == 0:
+            return "tensor is empty"
+        if self.backend.dtype_name(t) not in th.FLOAT_DTYPES:
+            return f"dtype {self.backend.dtype_repr(t)} is not supported"
+        return None
+
+    def perturb(self, t: Any) -> Any:
+        raise NotImplementedError
+
+    def build(self, args: tuple, kwargs: dict) -> PerturbedCall | Cancelled:
+        reason = "no floating-point tensor among the inputs"
+        for where, path, leaf in _float_leaves(self.backend, args, kwargs):
+            why = self.accepts(leaf)
+            if why is None:
+                new_args, new_kwargs = _replace(args, kwargs, where, path, self.perturb(leaf))
+                return PerturbedCall(new_args, _no_inplace(new_kwargs))
+            reason = why
+        return Cancelled(reason)
+
+
+class ImprovePrecision(Perturbation):
+    """Every low-precision float input, anywhere in args and kwargs, raised to float32."""
+
+    mode = "improve_precision"
+
+    def build(self, args: tuple, kwargs: dict) -> PerturbedCall | Cancelled:
+        b = self.backend
+        raised = [False]
+
+        def up(x: Any) -> Any:
+            if b.is_tensor(x) and b.is_low_precision(x):
+                raised[0] = True
+                return b.upcast(x)
+            return x
+
+        new_args, new_kwargs = tree_map(up, args), tree_map(up, kwargs)
+        if not raised[0]:
+            if any(True for _ in _float_leaves(b, args, kwargs)):
+                return Cancelled("inputs are already float32/float64")
+            return Cancelled("no floating-point tensor among the inputs")
+        return PerturbedCall(tuple(new_args), _no_inplace(dict(new_kwargs)))
+
+
+class AddNoise(Perturbation):
+    """ulp style (default, B4 fixed): every finite element with |x| > sqrt(v) moves one unit in the
+    last place towards +inf, in its own dtype, so the perturbation is real for every magnitude.
+    reference style: msprobe 8.3.3's x + v where |x| > sqrt(v), which rounds away for most values."""
+
+    mode = "add_noise"
+
+    def perturb(self, t: Any) -> Any:
+        b = self.backend
+        xp = b.namespace(t)
+        name = b.dtype_name(t)
+        v = th.NOISE_VALUE[name]
+        gate = v**0.5
+        x = b.clone(t)
+        if self.add_noise_style == "reference":
+            return xp.where(xp.abs(x) > gate, x + v, x)
+        bits = b.bit_view(x)
+        one = xp.ones_like(bits)
+        step = xp.where(x > 0, one, -one)  # +1 on the int view raises positives, -1 lowers negatives' magnitude
+        finite = xp.isfinite(x) & (xp.abs(x) < float(_finfo_max(name)))
+        moved = xp.where(finite & (xp.abs(x) > gate), bits + step, bits)
+        return b.from_bit_view(moved, x)
+
+
+class BitNoise(Perturbation):
+    """Flip the lowest mantissa bit of every finite normal element (±1 ulp). Infinities stay
+    infinite (the reference turned them into NaN, B5)."""
+
+    mode = "bit_noise"
+
+    def perturb(self, t: Any) -> Any:
+        b = self.backend
+        xp = b.namespace(t)
+        name = b.dtype_name(t)
+        x = b.clone(t)
+        bits = b.bit_view(x)
+        eligible = xp.isfinite(x) & (xp.abs(x) > th.SMALLEST_NORMAL[name])
+        flipped = xp.where(eligible, xp.bitwise_xor(bits, xp.ones_like(bits)), bits)
+        return b.from_bit_view(flipped, x)
+
+
+class ChangeValue(Perturbation):
+    """Swap the first and last entries ([0]/[-1] in 1-D, [0][0]/[-1][-1] from 2-D up)."""
+
+    mode = "change_value"
+
+    def accepts(self, t: Any) -> str | None:
+        why = super().accepts(t)
+        if why:
+            return why
+        shape = self.backend.shape(t)
+        if len(shape) == 0:
+            return "a 0-d tensor has nothing to swap"
+        if len(shape) == 1 and shape[0] < 2:
+            return "a 1-D tensor needs at least 2 elements"
+        if len(shape) >= 2 and (shape[0] == 0 or shape[1] == 0 or (shape[0] < 2 and shape[1] < 2)):
+            return f"shape {shape} has no two distinct entries at [0][0] and [-1][-1]"
+        return None
+
+    def perturb(self, t: Any) -> Any:
+        x = self.backend.clone(t)
+        first, last = ((0,), (-1,)) if len(self.backend.shape(t)) == 1 else ((0, 0), (-1, -1))
+        a, z = self.backend.clone(t[first]), self.backend.clone(t[last])
+        x[first] = z
+        x[last] = a
+        return x
+
+
+class NoChange(Perturbation):
+    """The same inputs again: a determinism test (threshold 1.0)."""
+
+    mode = "no_change"
+
+    def perturb(self, t: Any) -> Any:
+        return t
+
+
+class ToCpu(Perturbation):
+    """Every tensor input copied to the CPU (low-precision floats as float32): the result is
+    judged by the single-benchmark rule, not the ratio."""
+
+    mode = "to_cpu"
+
+    def build(self, args: tuple, kwargs: dict) -> PerturbedCall | Cancelled:
+        b = self.backend
+        if not any(True for _ in _float_leaves(b, args, kwargs)):
+            return Cancelled("no floating-point tensor among the inputs")
+        move = b.to_cpu_float
+        return PerturbedCall(tuple(tree_map(move, args)), _no_inplace(dict(tree_map(move, kwargs))), on_cpu=True)
+
+
+_FINFO_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38,
+              "float64": 1.7976931348623157e308}
+
+
+def _finfo_max(name: str) -> float:
+    return _FINFO_MAX[name]
+
+
+_MODES = {cls.mode: cls for cls in (ImprovePrecision, AddNoise, BitNoise, ChangeValue, NoChange, ToCpu)}
+
+
+def make_perturbation(mode: str, backend: Any, add_noise_style: str = "ulp") -> Perturbation:
+    try:
+        cls = _MODES[mode]
+    except KeyError:
+        raise ValueError(f"unknown pert_mode {mode!r}; allowed: {', '.join(PERT_MODES)}") from None
+    return cls(backend, add_noise_style)

@@ -1,0 +1,324 @@
+"""free_benchmark's per-call path, written once for every framework.
+
+hooked call → probe running for this step and rank? → API excluded or not selected? → run the
+original → build perturbed inputs → re-run the original with hooks suspended, without autograd and
+with the random generators replayed → compare leaf by leaf → check: record rows; fix: substitute.
+
+The user's model is never touched in check mode: inputs are copied before they are perturbed,
+in-place and state-mutating APIs are never re-run (or re-run on copies), the random stream
+continues as if the probe were absent, and the original output object is returned unchanged.
+An error inside the probe is recorded and the call goes on, unless the config asks for strict mode.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from probes.core.config import ProbeConfig
+from probes.core.errors import ProbeError
+from probes.core.records import FREE_BENCHMARK_COLUMNS, FreeBenchmarkRow
+from probes.core.trees import format_path, iter_leaves, tree_map
+from probes.core.writers import CsvAppender, write_json_atomic
+from probes.free_benchmark.compare import StructureMismatch, compare_outputs
+from probes.free_benchmark.perturbations import Cancelled, make_perturbation
+
+log = logging.getLogger("probes.free_benchmark")
+
+CSV_NAME = "free_benchmark.csv"
+
+
+@dataclass
+class ApiStats:
+    """What one API did over the run (the summary table's row)."""
+
+    calls: int = 0
+    checked: int = 0
+    flagged: int = 0
+    fixed: int = 0
+    worst_figure: float = 0.0
+    worst_max_rel: float | str | None = None
+    threshold: float | None = None
+    first_flagged: str | None = None
+    dtypes: set[str] = field(default_factory=set)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "calls": self.calls, "checked": self.checked, "flagged": self.flagged, "fixed": self.fixed,
+            "worst_max_rel": self.worst_max_rel, "threshold": self.threshold,
+            "first_flagged": self.first_flagged, "dtypes": sorted(self.dtypes),
+        }
+
+
+class Selection:
+    """The scope/list filter of spec §2.1: scope = exact full names, list = substrings of them."""
+
+    def __init__(self, scope: tuple[str, ...], api_list: tuple[str, ...]) -> None:
+        self.scope = frozenset(scope)
+        self.scope_keys = frozenset(s.rsplit(".", 2)[0] for s in scope)
+        self.api_list = api_list
+        self.plain = tuple(e for e in api_list if not any(c.isdigit() for c in e))
+        self.counted = tuple(e for e in api_list if any(c.isdigit() for c in e))
+        self._cache: dict[str, bool | None] = {}
+
+    def static(self, key: str) -> bool | None:
+        """True/False when the decision is the same for every call of the API, None when the
+        call counter matters."""
+        if key in self._cache:
+            return self._cache[key]
+        if self.scope:
+            decision: bool | None = None if key in self.scope_keys else False
+        elif not self.api_list:
+            decision = True
+        elif any(e in key + "." or e in ".forward" for e in self.plain):
+            decision = True
+        else:
+            decision = None if self.counted else False
+        self._cache[key] = decision
+        return decision
+
+    def selects(self, key: str, name: str) -> bool:
+        decision = self.static(key)
+        if decision is not None:
+            return decision
+        if self.scope:
+            return name in self.scope
+        return any(e in name for e in self.counted)
+
+    def unmatched(self, keys: list[str]) -> list[str]:
+        """list/scope entries that can select no API of the catalog (typos)."""
+        bad = []
+        for e in self.api_list:
+            probe = e.split(".forward")[0].split(".backward")[0]
+            if not any(e in k + "." or e in ".forward" or probe in k + "." or k.startswith(probe) for k in keys):
+                bad.append(e)
+        for s in self.scope:
+            if s.rsplit(".", 2)[0] not in keys:
+                bad.append(s)
+        return bad
+
+
+class FreeBenchmarkProbe:
+    """State of one free_benchmark run: step, rank, counters, rows, statistics."""
+
+    def __init__(
+        self,
+        config: ProbeConfig,
+        backend: Any,
+        call_exclusion: Callable[[Any, tuple, dict], str | None],
+        framework: str,
+    ) -> None:
+        self.config = config
+        self.fb = config.free_benchmark
+        self.backend = backend
+        self.call_exclusion = call_exclusion
+        self.framework = framework
+        self.perturbation = make_perturbation(self.fb.pert_mode, backend, self.fb.add_noise_style)
+        self.selection = Selection(self.fb.scope, self.fb.api_list)
+        self.dump_path = Path(config.dump_path)
+        self.current_step = 0
+        self.rank: int | None = None
+        self.distributed = False
+        self.running = False
+        self.active = False
+        self.finished = False
+        self.counters: Counter[str] = Counter()
+        self.stats: dict[str, ApiStats] = {}
+        self.rows: list[FreeBenchmarkRow] = []
+        self.skipped: Counter[tuple[str, str]] = Counter()
+        self.errors: dict[tuple[str, str], dict[str, Any]] = {}
+        self._writers: dict[int, CsvAppender] = {}
+        self._logged: set[tuple[str, str]] = set()
+        self.started_at = time.time()
+
+    # lifecycle -----------------------------------------------------------------------------
+    def refresh(self) -> None:
+        """Recompute whether calls are probed now (step and rank filters, spec §2.1 minus B25)."""
+        if self.rank is None:
+            self.rank = self.backend.rank()
+            self.distributed = self.backend.is_distributed()
+        steps = self.config.step
+        if steps and self.current_step > max(steps):
+            self.finished = True
+        self.active = (
+            self.running
+            and not self.finished
+            and self.config.selects_step(self.current_step)
+            and self.config.selects_rank(self.rank)
+        )
+
+    def next_step(self) -> None:
+        self.flush()
+        self.current_step += 1
+        self.counters.clear()
+        self.refresh()
+
+    # the per-call path -------------------------------------------------------------------------
+    def on_call(self, meta: Any, original: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        if not self.active:
+            return original(*args, **kwargs)
+        key = meta.key
+        if meta.exclusion is not None:
+            self._skip(key, meta.exclusion)
+            return original(*args, **kwargs)
+        index = self.counters[key]
+        self.counters[key] = index + 1
+        why = self.call_exclusion(meta, args, kwargs)
+        if why is not None:
+            self._skip(key, why)
+            return original(*args, **kwargs)
+        name = f"{key}.{index}.forward"
+        if not self.selection.selects(key, name):
+            return original(*args, **kwargs)
+        stats = self.stats.get(key)
+        if stats is None:
+            stats = self.stats[key] = ApiStats()
+        stats.calls += 1
+        snapshot = self.backend.rng_snapshot(args)
+        out = original(*args, **kwargs)
+        try:
+            self._check(meta, name, stats, original, args, kwargs, out, snapshot)
+        except Exception as exc:  # never let the probe break the user's model
+            if self.config.strict:
+                raise ProbeError(f"free_benchmark failed on {name}: {exc}") from exc
+            self._error(key, name, exc)
+        return out
+
+    def _check(self, meta, name, stats, original, args, kwargs, out, snapshot) -> None:
+        b = self.backend
+        if meta.mutates_inputs:
+            args, kwargs = tree_map(_cloner(b), args), tree_map(_cloner(b), kwargs)
+        pert = self.perturbation.build(args, kwargs)
+        if isinstance(pert, Cancelled):
+            self._skip(meta.key, pert.reason)
+            return
+        after = b.rng_snapshot(None)
+        b.rng_restore(snapshot)
+        try:
+            with b.no_grad():
+                pert_out = original(*pert.args, **pert.kwargs)
+        finally:
+            b.rng_restore(after)
+        try:
+            verdicts = compare_outputs(b, out, pert_out, pert_mode=self.fb.pert_mode)
+        except StructureMismatch as exc:
+            self._skip(meta.key, f"perturbed output has another structure ({exc})")
+            return
+        stats.checked += 1
+        if self.fb.handler_type == "fix":
+            self._fix(out, pert_out)
+            stats.fixed += 1
+            return
+        bad = [v for v in verdicts if not v.consistent]
+        for v in verdicts:
+            stats.dtypes.add(v.dtype_repr)
+        if not bad:
+            return
+        stats.flagged += 1
+        csv_path = self._csv_path(self.current_step)
+        for v in bad:
+            row = FreeBenchmarkRow(
+                rank=self.rank or 0, pert_mode=self.fb.pert_mode, stage=self.fb.fuzz_stage, step=self.current_step,
+                api_name=name, max_rel=v.max_rel, dtype=v.dtype_repr, shape=v.shape_repr,
+                output_index=format_path(v.path), api=meta.key, threshold=v.threshold, figure=v.figure,
+                detail=dict(v.detail, csv=str(csv_path)),
+            )
+            self._add_row(row)
+            if v.figure > stats.worst_figure or stats.worst_max_rel is None:
+                stats.worst_figure, stats.worst_max_rel, stats.threshold = v.figure, v.max_rel, v.threshold
+        if stats.first_flagged is None:
+            stats.first_flagged = name
+            worst = stats.worst_max_rel
+            shown = f"{worst:.6g}" if isinstance(worst, float) else worst
+            log.warning(
+                "free_benchmark: %s is inconsistent under %s: max_rel %s > threshold %s (rows in %s)",
+                name, self.fb.pert_mode, shown, stats.threshold, csv_path,
+            )
+
+    def _fix(self, out: Any, pert_out: Any) -> None:
+        """Substitute the upcast result in the user's output tensors (their autograd graph is
+        kept). Every replacement is computed before any is assigned, so a failure leaves the
+        output whole (B18)."""
+        b = self.backend
+        pairs = []
+        pert_leaves = dict(iter_leaves(pert_out))
+        for path, leaf in iter_leaves(out):
+            new = pert_leaves.get(path)
+            if b.is_tensor(leaf) and b.is_float(leaf) and b.is_tensor(new):
+                pairs.append((leaf, b.cast_like(new, leaf)))
+        for leaf, new in pairs:
+            b.replace_data(leaf, new)
+
+    # bookkeeping -------------------------------------------------------------------------------
+    def _skip(self, key: str, reason: str) -> None:
+        self.skipped[(key, reason)] += 1
+        if (key, reason) not in self._logged:
+            self._logged.add((key, reason))
+            log.info("free_benchmark: %s is not checked: %s", key, reason)
+
+    def _error(self, key: str, name: str, exc: BaseException) -> None:
+        entry = self.errors.get((key, type(exc).__name__))
+        if entry is None:
+            self.errors[(key, type(exc).__name__)] = {"api": key, "first_call": name, "error": f"{type(exc).__name__}: {exc}", "count": 1}
+            log.warning("free_benchmark: could not check %s (%s: %s); the call itself went on unchanged",
+                        name, type(exc).__name__, exc)
+        else:
+            entry["count"] += 1
+
+    def _csv_path(self, step: int) -> Path:
+        return self.dump_path / f"step{step}" / f"rank{self.rank or 0}" / CSV_NAME
+
+    def _add_row(self, row: FreeBenchmarkRow) -> None:
+        self.rows.append(row)
+        writer = self._writers.get(row.step)
+        if writer is None:
+            writer = self._writers[row.step] = CsvAppender(self._csv_path(row.step), FREE_BENCHMARK_COLUMNS)
+        writer.add(row.csv_values())
+
+    @property
+    def summary_path(self) -> Path:
+        name = f"summary_rank{self.rank or 0}.json" if self.distributed else "summary.json"
+        return self.dump_path / name
+
+    def flush(self) -> None:
+        """Write pending rows and the summary (called per step, at stop and at exit)."""
+        for writer in self._writers.values():
+            writer.flush()
+        if self.rank is not None:
+            write_json_atomic(self.summary_path, self.summary())
+
+    def summary(self) -> dict[str, Any]:
+        by_reason: dict[str, dict[str, int]] = {}
+        for (key, reason), n in sorted(self.skipped.items()):
+            by_reason.setdefault(reason, {})[key] = n
+        return {
+            "tool": "free_benchmark",
+            "framework": self.framework,
+            "rank": self.rank or 0,
+            "config": self.config.to_dict(),
+            "steps_seen": self.current_step + 1,
+            "apis": {k: s.to_dict() for k, s in sorted(self.stats.items())},
+            "flagged": [r.to_dict() for r in self.rows[:10000]],
+            "rows_total": len(self.rows),
+            "not_checked": by_reason,
+            "errors": list(self.errors.values()),
+            "csv_files": sorted(str(w.path) for w in self._writers.values() if w.path.exists()),
+        }
+
+
+def _cloner(backend: Any) -> Callable[[Any], Any]:
+    def clone(x: Any) -> Any:
+        return backend.clone(x) if backend.is_tensor(x) else x
+
+    return clone
+
+
+def worst_first(stats: dict[str, ApiStats]) -> list[tuple[str, ApiStats]]:
+    flagged = [(k, s) for k, s in stats.items() if s.flagged]
+    return sorted(flagged, key=lambda kv: (-(kv[1].worst_figure if math.isfinite(kv[1].worst_figure) else 1e300), kv[0]))

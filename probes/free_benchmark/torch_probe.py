@@ -1,0 +1,99 @@
+"""free_benchmark on PyTorch: the generic probe wired to torch's API catalog and wrappers."""
+
+from __future__ import annotations
+
+import atexit
+import difflib
+import logging
+import weakref
+
+from probes.backends.torch_apis import ApiPatcher, build_catalog, call_exclusion
+from probes.backends.torch_backend import BACKEND
+from probes.core.config import ProbeConfig
+from probes.core.errors import ConfigError
+from probes.free_benchmark import exclusions
+from probes.free_benchmark.service import FreeBenchmarkProbe
+
+log = logging.getLogger("probes.free_benchmark")
+_LIVE: weakref.WeakSet[TorchFreeBenchmark] = weakref.WeakSet()
+
+
+class TorchFreeBenchmark:
+    """start()/stop()/step() of free_benchmark for PyTorch.
+
+    Wrappers are installed at start() and the original attributes put back at stop(); if the
+    user's code raises between the two, `with` or stop() in a finally restores them, and an atexit
+    handler restores and flushes whatever is still installed when the process ends.
+    """
+
+    def __init__(self, config: ProbeConfig) -> None:
+        self.config = config
+        self.catalog = build_catalog()
+        self.probe = FreeBenchmarkProbe(config, BACKEND, call_exclusion, "pytorch")
+        self._check_selection()
+        self.patcher = ApiPatcher(tuple(m for m in self.catalog if m.exclusion != exclusions.ACCESSOR))
+        _LIVE.add(self)
+
+    def _check_selection(self) -> None:
+        keys = [m.key for m in self.catalog]
+        bad = self.probe.selection.unmatched(keys)
+        if bad:
+            key = "free_benchmark.scope" if self.config.free_benchmark.scope else "free_benchmark.list"
+            close = difflib.get_close_matches(bad[0].split(".forward")[0], keys, n=3, cutoff=0.5)
+            hint = f"did you mean {', '.join(close)}?" if close else "entries are substrings of names like Functional.softmax or Torch.matmul"
+            raise ConfigError(key, bad[0], "it selects no PyTorch API that free_benchmark can hook", hint)
+        selected_excluded = [
+            m for m in self.catalog
+            if m.exclusion and self.config.free_benchmark.api_list and self.probe.selection.static(m.key)
+        ]
+        for m in selected_excluded[:20]:
+            log.info("free_benchmark: %s matches the list but is never re-run: %s", m.key, m.exclusion)
+
+    def start(self) -> None:
+        probe = self.probe
+        probe.running = True
+        probe.refresh()
+        if probe.finished:
+            log.info("free_benchmark: the last configured step has passed; the probe has finished")
+            self._uninstall()
+            return
+        if probe.active and not self.patcher.installed:
+            probe.dump_path.mkdir(parents=True, exist_ok=True)
+            self.patcher.install(probe.on_call)
+
+    def stop(self) -> None:
+        self.probe.running = False
+        self.probe.refresh()
+        self._uninstall()
+        self.probe.flush()
+
+    def step(self) -> None:
+        self.probe.next_step()
+        if self.patcher.installed and not self.probe.active and self.probe.finished:
+            self._uninstall()
+        elif self.probe.running and self.probe.active and not self.patcher.installed:
+            self.patcher.install(self.probe.on_call)
+        elif self.patcher.installed and not self.probe.active:
+            self._uninstall()
+
+    def _uninstall(self) -> None:
+        self.patcher.uninstall()
+
+    def close(self) -> None:
+        """Restore everything and write what is pending (used at exit)."""
+        self._uninstall()
+        self.probe.running = False
+        try:
+            self.probe.flush()
+        except OSError:
+            pass
+
+
+@atexit.register
+def _restore_at_exit() -> None:
+    for tool in list(_LIVE):
+        tool.close()
+
+
+def running_tools() -> list[TorchFreeBenchmark]:
+    return [t for t in _LIVE if t.patcher.installed]

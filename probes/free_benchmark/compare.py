@@ -96,7 +96,7 @@ def compare_outputs(
         rv = metrics.finish_ratio(h, tol)
         threshold = th.ratio_threshold(backend.dtype_name(a), pert_mode)
         verdicts.append(
-            LeafVerdict(path, a, rv.consistent(threshold), rv.max_rel, threshold - 1.0, rv.figure,
+            LeafVerdict(path, a, rv.consistent(threshold), rv.max_rel, round(threshold - 1.0, 12), rv.figure,
                         backend.dtype_repr(a), backend.shape_repr(a),
                         {"ratio": rv.ratio, "symbol_flipping": rv.symbol_flipping,
                          "nan_mismatch": rv.nan_mismatch, "inf_mismatch": rv.inf_mismatch, "tolerance": tol})
@@ -120,7 +120,7 @@ def _scalar_verdict(path, a: float, b: float, pert_mode: str, tolerance: float |
         r = max(abs(a), tol) / max(abs(b), tol)
         rv = metrics.finish_ratio([r, r, a * b], tol)
     threshold = th.ratio_threshold("float64", pert_mode)
-    return LeafVerdict(path, a, rv.consistent(threshold), rv.max_rel, threshold - 1.0, rv.figure, "float", "()",
+    return LeafVerdict(path, a, rv.consistent(threshold), rv.max_rel, round(threshold - 1.0, 12), rv.figure, "float", "()",
                        {"ratio": rv.ratio})
 
 

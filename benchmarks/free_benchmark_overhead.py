@@ -1,0 +1,509 @@
+"""Overhead of the free_benchmark probe on CPU training loops: time and peak memory.
+
+For each model and pert_mode the same training loop runs with and without the probe in ONE
+process, plain and probed repeats interleaved (the order alternates every repeat), after a warm-up;
+the time ratio is median(probed loop) / median(plain loop). Peak memory is measured in fresh
+subprocesses (this script re-invokes itself with ``--memory-child MODEL:MODE``), because torch's CPU
+tensors are invisible to tracemalloc: each child resets the kernel's peak-RSS mark (VmHWM) after the
+model and data exist, runs a few steps, and reports peak RSS minus the RSS before the loop.
+
+    python benchmarks/free_benchmark_overhead.py            # full run, ~8 min on 2 cores
+    python benchmarks/free_benchmark_overhead.py --quick    # tiny + medium-fp32, fewer repeats, ~2 min
+
+See benchmarks/README.md for how to read the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import io
+import json
+import logging
+import os
+import platform
+import pstats
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results" / "free_benchmark_overhead.json"
+
+# mode id -> free_benchmark section of the config
+MODES: dict[str, dict[str, str]] = {
+    "improve_precision": {"pert_mode": "improve_precision", "handler_type": "check"},
+    "add_noise": {"pert_mode": "add_noise", "handler_type": "check"},
+    "bit_noise": {"pert_mode": "bit_noise", "handler_type": "check"},
+    "change_value": {"pert_mode": "change_value", "handler_type": "check"},
+    "no_change": {"pert_mode": "no_change", "handler_type": "check"},
+    "to_cpu": {"pert_mode": "to_cpu", "handler_type": "check", "fuzz_device": "cpu"},
+    "fix": {"pert_mode": "improve_precision", "handler_type": "fix"},
+}
+MODE_LABEL = {"fix": "fix+improve_precision"}
+
+TIME_TARGET = {"tiny": 10.0, "medium-fp32": 3.0, "medium-bf16": 3.0}
+NO_TIME_TARGET = {("medium-fp32", "to_cpu"), ("medium-bf16", "to_cpu")}
+MEMORY_TARGET = 1.5
+
+
+# models -------------------------------------------------------------------------------------------
+class TinyMLP(nn.Module):
+    def __init__(self, d_in: int = 512, hidden: int = 512, classes: int = 10) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(d_in, hidden)
+        self.fc2 = nn.Linear(hidden, hidden)
+        self.fc3 = nn.Linear(hidden, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc3(F.gelu(self.fc2(F.gelu(self.fc1(x)))))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: LayerNorm + causal multi-head SDPA, LayerNorm + GELU MLP."""
+
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.ln2 = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, 4 * d)
+        self.fc2 = nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class MediumTransformer(nn.Module):
+    """Embedding-free: the input is already a (batch, tokens, d_model) float tensor."""
+
+    def __init__(self, d: int = 256, heads: int = 4, layers: int = 4, classes: int = 256) -> None:
+        super().__init__()
+        self.blocks = nn.Sequential(*[Block(d, heads) for _ in range(layers)])
+        self.ln = nn.LayerNorm(d)
+        self.head = nn.Linear(d, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.ln(self.blocks(x)))
+
+
+@dataclass
+class ModelSpec:
+    name: str
+    dtype: torch.dtype
+    steps: int  # training steps per timed loop
+    warmup: int  # plain steps and probed steps before timing
+
+
+SPECS: dict[str, ModelSpec] = {
+    "tiny": ModelSpec("tiny", torch.float32, steps=10, warmup=3),
+    "medium-fp32": ModelSpec("medium-fp32", torch.float32, steps=3, warmup=1),
+    "medium-bf16": ModelSpec("medium-bf16", torch.bfloat16, steps=2, warmup=1),
+}
+
+
+class Bench:
+    """A model, its optimizer and one fixed batch; step() is one training step."""
+
+    def __init__(self, spec: ModelSpec, seed: int = 0) -> None:
+        torch.manual_seed(seed)
+        if spec.name == "tiny":
+            self.model: nn.Module = TinyMLP().to(spec.dtype)
+            self.x = torch.randn(256, 512, dtype=spec.dtype)
+            self.y = torch.randint(0, 10, (256,))
+            self.classes = 10
+        else:
+            self.model = MediumTransformer().to(spec.dtype)
+            self.x = torch.randn(8, 128, 256, dtype=spec.dtype)
+            self.y = torch.randint(0, 256, (8 * 128,))
+            self.classes = 256
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+
+    def step(self) -> float:
+        self.opt.zero_grad(set_to_none=True)
+        out = self.model(self.x)
+        loss = F.cross_entropy(out.reshape(-1, self.classes), self.y)
+        loss.backward()
+        self.opt.step()
+        return float(loss.detach())
+
+
+def make_debugger(mode: str, dump_path: str) -> Any:
+    from probes.pytorch import PrecisionDebugger
+
+    return PrecisionDebugger(config={"task": "free_benchmark", "dump_path": dump_path,
+                                     "free_benchmark": dict(MODES[mode])})
+
+
+def probed_step(dbg: Any, bench: Bench) -> float:
+    """The per-step pattern users write."""
+    dbg.start()
+    try:
+        loss = bench.step()
+    finally:
+        dbg.stop()
+    dbg.step()
+    return loss
+
+
+# timing ---------------------------------------------------------------------------------------------
+def _timed(fn: Callable[[], None]) -> float:
+    gc.collect()
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def probe_counts(dbg: Any) -> dict[str, Any]:
+    s = dbg.summary()
+    apis = s["apis"].values()
+    return {
+        "steps_seen": s["steps_seen"],
+        "calls": sum(a["calls"] for a in apis),
+        "checked": sum(a["checked"] for a in apis),
+        "flagged_rows": s["rows_total"],
+        "not_checked": sum(n for by_api in s["not_checked"].values() for n in by_api.values()),
+        "errors": s["errors"],
+    }
+
+
+def time_config(spec: ModelSpec, mode: str, repeats: int) -> dict[str, Any]:
+    bench = Bench(spec)
+    with tempfile.TemporaryDirectory(prefix="fb_overhead_") as tmp:
+        dbg = make_debugger(mode, tmp)
+
+        def plain() -> None:
+            for _ in range(spec.steps):
+                bench.step()
+
+        def probed() -> None:
+            for _ in range(spec.steps):
+                probed_step(dbg, bench)
+
+        for _ in range(spec.warmup):
+            bench.step()
+        for _ in range(spec.warmup):
+            probed_step(dbg, bench)
+        plain_s: list[float] = []
+        probed_s: list[float] = []
+        for r in range(repeats):
+            if r % 2 == 0:
+                plain_s.append(_timed(plain))
+                probed_s.append(_timed(probed))
+            else:
+                probed_s.append(_timed(probed))
+                plain_s.append(_timed(plain))
+        counts = probe_counts(dbg)
+    probed_steps = spec.warmup + repeats * spec.steps
+    plain_med, probed_med = statistics.median(plain_s), statistics.median(probed_s)
+    return {
+        "plain_ms_per_step": 1000 * plain_med / spec.steps,
+        "probed_ms_per_step": 1000 * probed_med / spec.steps,
+        "time_ratio": probed_med / plain_med,
+        "time_ratio_min": min(probed_s) / min(plain_s),
+        "plain_noise": max(plain_s) / min(plain_s),
+        "plain_loop_s": plain_s,
+        "probed_loop_s": probed_s,
+        "probed_drift": probed_s[-1] / probed_s[0],
+        "steps_per_loop": spec.steps,
+        "probed_steps": probed_steps,
+        "checked_per_step": counts["checked"] / probed_steps,
+        "calls_per_step": counts["calls"] / probed_steps,
+        **counts,
+    }
+
+
+# memory ---------------------------------------------------------------------------------------------
+def _status_kib(field: str) -> int | None:
+    try:
+        text = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+    m = re.search(rf"^{field}:\s+(\d+) kB", text, re.M)
+    return int(m.group(1)) if m else None
+
+
+def _reset_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset VmHWM to the current RSS (Linux >= 4.0)
+        return True
+    except OSError:
+        return False
+
+
+def memory_child(arg: str, steps: int) -> None:
+    """Runs in a fresh process: prints one JSON line with the peak RSS growth of the loop."""
+    model, mode = arg.split(":")
+    spec = SPECS[model]
+    torch.manual_seed(0)
+    bench = Bench(spec)
+    gc.collect()
+    tmp = tempfile.TemporaryDirectory(prefix="fb_overhead_mem_")
+    base = _status_kib("VmRSS")
+    method = "VmHWM reset via /proc/self/clear_refs"
+    if base is None or not _reset_peak() or _status_kib("VmHWM") is None:
+        # fallback: the peak since the process started (import peaks included), so growth is a lower bound
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        method = "ru_maxrss after - ru_maxrss before"
+    error = None
+    try:
+        if mode == "plain":
+            for _ in range(steps):
+                bench.step()
+        else:
+            dbg = make_debugger(mode, tmp.name)  # the probe's own objects count as its memory
+            for _ in range(steps):
+                probed_step(dbg, bench)
+    except Exception as exc:  # report, don't hide
+        error = f"{type(exc).__name__}: {exc}"
+    if method.startswith("VmHWM"):
+        peak = _status_kib("VmHWM")
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    tmp.cleanup()
+    print(json.dumps({"config": arg, "base_kib": base, "peak_kib": peak, "growth_kib": peak - base,
+                      "steps": steps, "method": method, "error": error}))
+
+
+def run_memory_child(model: str, mode: str, steps: int) -> dict[str, Any]:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--memory-child", f"{model}:{mode}",
+           "--memory-steps", str(steps), "--threads", str(torch.get_num_threads())]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=str(ROOT))
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        return {"error": f"child exited {proc.returncode}: {proc.stderr.strip()[-500:]}"}
+    return json.loads(lines[-1])
+
+
+# profile --------------------------------------------------------------------------------------------
+def profile_config(model: str, mode: str, steps: int) -> None:
+    spec = SPECS[model]
+    bench = Bench(spec)
+    with tempfile.TemporaryDirectory(prefix="fb_overhead_prof_") as tmp:
+        dbg = make_debugger(mode, tmp)
+        for _ in range(spec.warmup):
+            probed_step(dbg, bench)
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(steps):
+            probed_step(dbg, bench)
+        prof.disable()
+    for title, key, restrict in (("by own time, functions in probes/", "tottime", "probes/"),
+                                 ("by cumulative time, functions in probes/", "cumulative", "probes/"),
+                                 ("by own time, everything", "tottime", "")):
+        buf = io.StringIO()
+        st = pstats.Stats(prof, stream=buf).sort_stats(key)
+        if restrict:
+            st.print_stats(restrict, 20)
+        else:
+            st.print_stats(20)
+        print(f"== cProfile of {steps} probed steps, {model} / {MODE_LABEL.get(mode, mode)}: {title}")
+        body = buf.getvalue()
+        start = body.find("   ncalls")
+        print(body[start:] if start >= 0 else body)
+
+
+def cpu_snapshot() -> tuple[float, float] | None:
+    """(busy CPU seconds of the whole machine incl. steal, CPU seconds of this process and its children)."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    busy = sum(fields[:8]) - fields[3] - fields[4]  # all but idle and iowait
+    t = os.times()
+    return busy / os.sysconf("SC_CLK_TCK"), t.user + t.system + t.children_user + t.children_system
+
+
+def other_cpu_load(a: tuple[float, float] | None, b: tuple[float, float] | None, elapsed: float) -> float | None:
+    """Average number of cores busy with something other than this benchmark (steal included)."""
+    if a is None or b is None or elapsed <= 0:
+        return None
+    return max(0.0, ((b[0] - a[0]) - (b[1] - a[1])) / elapsed)
+
+
+# report ---------------------------------------------------------------------------------------------
+def verdict(value: float | None, target: float | None) -> str:
+    if value is None:
+        return "ERR"
+    if target is None:
+        return "n/a"
+    return "PASS" if value <= target else "FAIL"
+
+
+def fmt(v: float | None, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    head = ("model", "mode", "plain ms", "probed ms", "time x", "target", "", "min x", "noise",
+            "mem x", "target", "", "+MiB", "chk/step", "flag rows", "errors")
+    widths = (11, 21, 8, 9, 6, 6, 4, 6, 5, 5, 6, 4, 7, 8, 9, 6)
+    line = "  ".join(h.ljust(w) if i < 2 else h.rjust(w) for i, (h, w) in enumerate(zip(head, widths)))
+    print(line)
+    print("-" * len(line))
+    for r in rows:
+        t = r.get("timing") or {}
+        m = r.get("memory") or {}
+        tt = r["time_target"]
+        cells = (
+            r["model"], MODE_LABEL.get(r["mode"], r["mode"]),
+            fmt(t.get("plain_ms_per_step"), ".1f"), fmt(t.get("probed_ms_per_step"), ".1f"),
+            fmt(t.get("time_ratio"), ".2f"), "-" if tt is None else f"<={tt:g}", r["time_verdict"],
+            fmt(t.get("time_ratio_min"), ".2f"), fmt(t.get("plain_noise"), ".1f"),
+            fmt(m.get("ratio"), ".2f"), f"<={MEMORY_TARGET:g}", r["memory_verdict"] if m else "-",
+            fmt(m.get("extra_mib"), "+.1f"), fmt(t.get("checked_per_step"), ".1f"),
+            str(t.get("flagged_rows", "-")), str(len(t["errors"])) if "errors" in t else "-",
+        )
+        print("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="tiny + medium-fp32, 3 repeats (~2 min)")
+    ap.add_argument("--models", help=f"comma list of {', '.join(SPECS)} ('medium' = both medium ones)")
+    ap.add_argument("--modes", help=f"comma list of {', '.join(MODES)} (fix = fix+improve_precision)")
+    ap.add_argument("--repeats", type=int, help="timed repeats of each loop (default 5, --quick 3)")
+    ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    ap.add_argument("--memory-steps", type=int, default=2, help="training steps per memory child")
+    ap.add_argument("--json", default=str(RESULTS), help="where to write the JSON results")
+    ap.add_argument("--profile", metavar="MODEL:MODE", help="cProfile probed steps of one config and exit")
+    ap.add_argument("--profile-steps", type=int, default=3)
+    ap.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's default)")
+    ap.add_argument("--verbose", action="store_true", help="keep the probe's log messages")
+    ap.add_argument("--memory-child", metavar="MODEL:MODE", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+
+    if not args.verbose:
+        logging.getLogger("probes").setLevel(logging.ERROR)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.memory_child:
+        memory_child(args.memory_child, args.memory_steps)
+        return 0
+    if args.profile:
+        model, mode = args.profile.split(":")
+        profile_config(model, mode, args.profile_steps)
+        return 0
+
+    if args.models:
+        models: list[str] = []
+        for m in args.models.split(","):
+            models += ["medium-fp32", "medium-bf16"] if m == "medium" else [m]
+    else:
+        models = ["tiny", "medium-fp32"] if args.quick else list(SPECS)
+    modes = args.modes.split(",") if args.modes else list(MODES)
+    for m in models:
+        if m not in SPECS:
+            ap.error(f"unknown model {m!r}; choose from {', '.join(SPECS)}")
+    for m in modes:
+        if m not in MODES:
+            ap.error(f"unknown mode {m!r}; choose from {', '.join(MODES)}")
+    repeats = args.repeats or (3 if args.quick else 5)
+
+    load_start = os.getloadavg()[0]
+    cpu_start = cpu_snapshot()
+    t_start = time.perf_counter()
+    rows: list[dict[str, Any]] = []
+    for model in models:
+        spec = SPECS[model]
+        plain_mem = None
+        if not args.no_memory:
+            plain_mem = run_memory_child(model, "plain", args.memory_steps)
+            print(f"[{time.perf_counter() - t_start:6.1f}s] {model} plain: peak RSS growth "
+                  f"{plain_mem.get('growth_kib', 0) / 1024:.1f} MiB", file=sys.stderr, flush=True)
+        for mode in modes:
+            row: dict[str, Any] = {"model": model, "dtype": str(spec.dtype).replace("torch.", ""),
+                                   "mode": mode, "label": MODE_LABEL.get(mode, mode)}
+            try:
+                row["timing"] = time_config(spec, mode, repeats)
+            except Exception as exc:
+                row["timing"] = None
+                row["timing_error"] = f"{type(exc).__name__}: {exc}"
+            t = row["timing"]
+            row["time_target"] = None if (model, mode) in NO_TIME_TARGET else TIME_TARGET[model]
+            row["time_verdict"] = verdict(t and t["time_ratio"], row["time_target"])
+            if not args.no_memory:
+                child = run_memory_child(model, mode, args.memory_steps)
+                mem: dict[str, Any] = {"probed": child, "plain": plain_mem}
+                if "growth_kib" in child and plain_mem and plain_mem.get("growth_kib"):
+                    mem["ratio"] = child["growth_kib"] / plain_mem["growth_kib"]
+                    mem["extra_mib"] = (child["growth_kib"] - plain_mem["growth_kib"]) / 1024
+                row["memory"] = mem
+                row["memory_verdict"] = verdict(mem.get("ratio"), MEMORY_TARGET)
+            else:
+                row["memory"] = None
+                row["memory_verdict"] = "-"
+            rows.append(row)
+            msg = (f"time x{t['time_ratio']:.2f} ({t['probed_ms_per_step']:.1f} vs {t['plain_ms_per_step']:.1f} ms/step)"
+                   if t else f"ERROR {row['timing_error']}")
+            if row.get("memory") and "ratio" in row["memory"]:
+                msg += f", mem x{row['memory']['ratio']:.2f}"
+            print(f"[{time.perf_counter() - t_start:6.1f}s] {model} {row['label']}: {msg}",
+                  file=sys.stderr, flush=True)
+
+    print(f"free_benchmark overhead: torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"{os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, repeats={repeats}, "
+          f"median of interleaved repeats")
+    print_table(rows)
+    verdicts = [r["time_verdict"] for r in rows] + [r["memory_verdict"] for r in rows]
+    fails = sum(v in ("FAIL", "ERR") for v in verdicts)
+    for r in rows:
+        if r.get("timing_error"):
+            print(f"ERROR {r['model']} {r['label']}: {r['timing_error']}")
+        elif r["timing"] and r["timing"]["errors"]:
+            for e in r["timing"]["errors"]:
+                print(f"probe error {r['model']} {r['label']}: {e['api']} x{e['count']}: {e['error']}")
+        if r.get("memory") and r["memory"]["probed"].get("error"):
+            print(f"ERROR (memory child) {r['model']} {r['label']}: {r['memory']['probed']['error']}")
+    elapsed = time.perf_counter() - t_start
+    others = other_cpu_load(cpu_start, cpu_snapshot(), elapsed)
+    noisy = [r for r in rows if r["timing"] and r["timing"]["plain_noise"] > 1.5]
+    if others is not None:
+        print(f"CPU used by other processes during the run: {others:.2f} cores on average "
+              f"(1-min load average {load_start:.2f} at start)")
+    if noisy or (others or 0) > 0.25:
+        print(f"WARNING: timings are noisy ({len(noisy)} configs whose slowest plain loop is > 1.5x their "
+              "fastest): other processes share the CPUs; rerun on a quiet machine, or compare 'min x'")
+    print(f"targets: medium <=3x (every mode but to_cpu), tiny <=10x, peak memory <=1.5x -> "
+          f"{'ALL PASS' if not fails else f'{fails} FAIL/ERR'}  ({elapsed:.0f}s)")
+
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
+        "torch": torch.__version__, "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
+        "python": platform.python_version(), "machine": platform.machine(), "repeats": repeats,
+        "memory_steps": None if args.no_memory else args.memory_steps,
+        "targets": {"time": TIME_TARGET, "no_time_target": sorted(map(list, NO_TIME_TARGET)),
+                    "memory": MEMORY_TARGET},
+        "elapsed_s": elapsed, "load_average_start": load_start, "other_processes_cores": others,
+        "results": rows,
+    }, indent=2, default=str))
+    print(f"JSON: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""Turning probe records into test verdicts, tables and the session summary.
+
+Framework-free: works on the dictionaries of the probes' summary() so the same code serves the
+single-process run and the results xdist workers send back.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+
+class PrecisionRiskError(AssertionError):
+    """A test whose run tripped a precision rule."""
+
+
+def _num(v: Any) -> float:
+    if isinstance(v, (int, float)):
+        return float(v)
+    return math.inf  # symbol_flipping, nan_mismatch, ...
+
+
+def _shown(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return str(v)
+
+
+def failure_message(nodeid: str, summary: dict[str, Any], limit: int = 10) -> str:
+    """What a failing test prints: each flagged API with its figure, threshold and evidence."""
+    flagged = [(api, s) for api, s in summary["apis"].items() if s["flagged"]]
+    flagged.sort(key=lambda kv: -_num(kv[1]["worst_max_rel"]))
+    lines = [f"free_benchmark ({summary['config']['free_benchmark']['pert_mode']}) flagged "
+             f"{len(flagged)} API(s) in {nodeid}:"]
+    rows_by_api: dict[str, dict[str, Any]] = {}
+    for row in summary["flagged"]:
+        rows_by_api.setdefault(row["api"], row)
+    for api, s in flagged[:limit]:
+        row = rows_by_api.get(api, {})
+        where = f" output {row.get('output_index')}" if row.get("output_index") not in (None, "") else ""
+        lines.append(
+            f"  {s['first_flagged']}: max_rel {_shown(s['worst_max_rel'])} > threshold {_shown(s['threshold'])}"
+            f" ({row.get('dtype', '?')}{where}; {s['flagged']} of {s['checked']} checked calls inconsistent)"
+        )
+    if len(flagged) > limit:
+        lines.append(f"  ... and {len(flagged) - limit} more")
+    csvs = summary.get("csv_files") or []
+    if csvs:
+        lines.append(f"evidence: {csvs[0]}" + (f" (+{len(csvs) - 1} more)" if len(csvs) > 1 else ""))
+    lines.append("next: run this API alone with free_benchmark list=[...] in other modes, or compare it with "
+                 "pert_mode=to_cpu (fuzz_device cpu); use --msprobe-fail-on=never to report without failing.")
+    return "\n".join(lines)
+
+
+def merge_api_tables(per_test: Iterable[tuple[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Aggregate per-test API statistics into the session table."""
+    table: dict[str, dict[str, Any]] = {}
+    for nodeid, apis in per_test:
+        for api, s in apis.items():
+            t = table.setdefault(api, {"checked": 0, "flagged": 0, "worst_max_rel": None, "threshold": None,
+                                       "tests": [], "first_flagged": None})
+            t["checked"] += s["checked"]
+            t["flagged"] += s["flagged"]
+            if s["flagged"]:
+                t["tests"].append(nodeid)
+                if t["worst_max_rel"] is None or _num(s["worst_max_rel"]) > _num(t["worst_max_rel"]):
+                    t["worst_max_rel"], t["threshold"], t["first_flagged"] = (
+                        s["worst_max_rel"], s["threshold"], s["first_flagged"])
+    return table
+
+
+def risky_table_lines(table: dict[str, dict[str, Any]]) -> list[str]:
+    risky = [(api, t) for api, t in table.items() if t["flagged"]]
+    risky.sort(key=lambda kv: (-_num(kv[1]["worst_max_rel"]), kv[0]))
+    if not risky:
+        checked = sum(t["checked"] for t in table.values())
+        return [f"no risky API: {len(table)} APIs, {checked} calls checked, all within their thresholds"]
+    header = ("API", "calls checked", "inconsistent", "worst max_rel", "threshold", "tests affected")
+    rows = [(api, str(t["checked"]), str(t["flagged"]), _shown(t["worst_max_rel"]), _shown(t["threshold"]),
+             str(len(t["tests"]))) for api, t in risky]
+    widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
+    fmt = "  ".join("{:<%d}" % w for w in widths)
+    return [fmt.format(*header), fmt.format(*("-" * w for w in widths))] + [fmt.format(*r) for r in rows]

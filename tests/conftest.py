@@ -1,0 +1,18 @@
+import logging
+
+import pytest
+
+
+@pytest.fixture
+def fb_config(tmp_path):
+    """A free_benchmark config dict; tests add their section keys."""
+
+    def make(**section):
+        return {"task": "free_benchmark", "dump_path": str(tmp_path / "dump"), "free_benchmark": section}
+
+    return make
+
+
+@pytest.fixture(autouse=True)
+def _quiet_probes(caplog):
+    caplog.set_level(logging.WARNING, logger="probes")

@@ -119,9 +119,10 @@ class ModelSpec:
 
 SPECS: dict[str, ModelSpec] = {
     "tiny": ModelSpec("tiny", torch.float32, steps=10, warmup=3),
-    "medium-fp32": ModelSpec("medium-fp32", torch.float32, steps=3, warmup=1),
-    "medium-bf16": ModelSpec("medium-bf16", torch.bfloat16, steps=2, warmup=1),
+    "medium-fp32": ModelSpec("medium-fp32", torch.float32, steps=2, warmup=1),
+    "medium-bf16": ModelSpec("medium-bf16", torch.bfloat16, steps=1, warmup=1),
 }
+QUICK_STEPS = {"tiny": 5, "medium-fp32": 1, "medium-bf16": 1}
 
 
 class Bench:
@@ -429,6 +430,8 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     for model in models:
         spec = SPECS[model]
+        if args.quick:
+            spec = ModelSpec(spec.name, spec.dtype, steps=QUICK_STEPS[model], warmup=1)
         plain_mem = None
         if not args.no_memory:
             plain_mem = run_memory_child(model, "plain", args.memory_steps)

@@ -6,7 +6,6 @@ also reports the APIs whose outputs move more than their dtype's threshold.
 
 import pytest
 import torch
-
 from models import MLP, TransformerBlock, train
 
 

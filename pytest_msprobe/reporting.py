@@ -80,5 +80,5 @@ def risky_table_lines(table: dict[str, dict[str, Any]]) -> list[str]:
     rows = [(api, str(t["checked"]), str(t["flagged"]), _shown(t["worst_max_rel"]), _shown(t["threshold"]),
              str(len(t["tests"]))) for api, t in risky]
     widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
-    fmt = "  ".join("{:<%d}" % w for w in widths)
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     return [fmt.format(*header), fmt.format(*("-" * w for w in widths))] + [fmt.format(*r) for r in rows]

@@ -202,14 +202,10 @@ def check_add_noise_ulp(x: torch.Tensor, y: torch.Tensor) -> None:
     gate = NOISE[dtype] ** 0.5
     up = next_up(x)
     finite = torch.isfinite(x)
-    big = x.double().abs() > gate
-    # elements whose behaviour is pinned by the xfail tests below, not here
-    gate_in_dtype = torch.tensor(gate, dtype=dtype).double().item()
-    quirk = (x == -torch.finfo(dtype).max) | ((x.double().abs() == gate_in_dtype) & (gate_in_dtype > gate))
-    eligible = finite & big & torch.isfinite(up) & ~quirk
+    big = x.double().abs() > gate  # the gate in exact arithmetic, not rounded to the dtype
+    eligible = finite & big & torch.isfinite(up)  # only +max has no finite value above it
     assert torch.equal(bits(y)[eligible], bits(up)[eligible])
-    rest = ~eligible & ~quirk
-    assert torch.equal(bits(y)[rest], bits(x)[rest])
+    assert torch.equal(bits(y)[~eligible], bits(x)[~eligible])
     # noise never creates a non-finite value out of a finite one
     assert bool(torch.isfinite(y)[finite].all())
 
@@ -221,7 +217,7 @@ def test_add_noise_ulp_exhaustive_16bit(dtype):
     check_add_noise_ulp(x, y)
     # B4: a real perturbation for every magnitude above the gate, not only in the reference's narrow band
     moved = ~same_bits_elementwise(x, y)
-    below_max = x.abs() < torch.finfo(dtype).max  # +max cannot move up; -max: see the xfail below
+    below_max = x < torch.finfo(dtype).max  # +max cannot move up
     assert bool(moved[torch.isfinite(x) & (x.abs() > 1.0) & below_max].all())
 
 
@@ -256,11 +252,10 @@ def test_add_noise_keeps_non_finite(dtype):
     assert same_bits(y[3:], next_up(x[3:]))
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: add_noise ulp gate |x| > sqrt(v) is compared in the tensor's dtype, "
-                   "where sqrt(v) rounds up (fp16 0.001 -> 0.0010004, bf16 0.01 -> 0.010010), so the smallest "
-                   "representable value above sqrt(v) is left unperturbed")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_add_noise_ulp_moves_smallest_value_above_gate(dtype):
+    # regression: the gate was compared in the half dtype, where sqrt(v) rounds up
+    # (fp16 0.001 -> 0.0010004, bf16 0.01 -> 0.010010), so this value was left unperturbed
     gate = NOISE[dtype] ** 0.5
     x = torch.tensor([gate, -gate], dtype=dtype)
     assert bool((x.double().abs() > gate).all())  # eligible by the documented rule
@@ -268,13 +263,14 @@ def test_add_noise_ulp_moves_smallest_value_above_gate(dtype):
     assert same_bits(y, next_up(x))
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: add_noise ulp style skips x == -finfo.max (mask |x| < max), although "
-                   "moving it one ulp towards +inf stays finite; the docstring says every finite element moves")
 @dtype_param
-def test_add_noise_ulp_moves_negative_max(dtype):
+def test_add_noise_ulp_moves_negative_max_but_not_positive_max(dtype):
+    # regression: the mask |x| < max also skipped -max, whose step towards +inf stays finite
     x = torch.tensor([-torch.finfo(dtype).max], dtype=dtype)
     y = perturb_one("add_noise", x)
     assert same_bits(y, next_up(x))
+    top = torch.tensor([torch.finfo(dtype).max], dtype=dtype)
+    assert same_bits(perturb_one("add_noise", top), top)  # never pushed to +inf
 
 
 # ---------------------------------------------------------------------------------------------

@@ -37,9 +37,11 @@ def _pair_leaves(backend: Any, a: Any, b: Any, path: tuple = ()):
     if backend.is_tensor(a) or backend.is_tensor(b):
         if not (backend.is_tensor(a) and backend.is_tensor(b)):
             raise StructureMismatch(f"at {path or 'output'}: {type(a).__name__} vs {type(b).__name__}")
+        if backend.shape(a) != backend.shape(b):
+            raise StructureMismatch(f"at {path or 'output'}: shape {backend.shape(a)} vs {backend.shape(b)}")
         yield path, a, b
     elif isinstance(a, dict):
-        if not isinstance(b, dict) or list(a) != list(b):
+        if not isinstance(b, dict) or set(a) != set(b):
             raise StructureMismatch(f"at {path or 'output'}: dict keys differ")
         for k in a:
             yield from _pair_leaves(backend, a[k], b[k], path + (k,))
@@ -59,7 +61,7 @@ def compare_outputs(
     (the backward stage uses 1e-3 for every dtype)."""
     pairs = list(_pair_leaves(backend, original, perturbed))
     if pert_mode == "to_cpu":
-        return _single_benchmark(backend, pairs)
+        return _in_output_order(pairs, _single_benchmark(backend, pairs))
     device_figures: list[Any] = []
     plans: list[tuple[str, tuple, Any, Any, float]] = []
     verdicts: list[LeafVerdict] = []
@@ -101,7 +103,14 @@ def compare_outputs(
                         {"ratio": rv.ratio, "symbol_flipping": rv.symbol_flipping,
                          "nan_mismatch": rv.nan_mismatch, "inf_mismatch": rv.inf_mismatch, "tolerance": tol})
         )
-    return verdicts
+    return _in_output_order(pairs, verdicts)
+
+
+def _in_output_order(pairs: list, verdicts: list[LeafVerdict]) -> list[LeafVerdict]:
+    """Verdicts in the order of the output's leaves (tensor figures arrive after one transfer,
+    Python numbers at once)."""
+    order = {path: i for i, (path, _a, _b) in enumerate(pairs)}
+    return sorted(verdicts, key=lambda v: order.get(v.path, len(order)))
 
 
 def _exact_verdict(path, a, differing: float, dtype_repr: str, shape_repr: str, pert_mode: str) -> LeafVerdict:
@@ -124,10 +133,26 @@ def _scalar_verdict(path, a: float, b: float, pert_mode: str, tolerance: float |
                        {"ratio": rv.ratio})
 
 
+def _python_leaf_single(path, a: Any, b: Any) -> list[LeafVerdict]:
+    """Python numbers returned next to tensors: floats within the fp32 single-benchmark rtol,
+    anything else by equality."""
+    if isinstance(a, float) and isinstance(b, (int, float)) and not isinstance(b, bool):
+        limits = th.single_benchmark_threshold("float32")
+        same = (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=limits.rtol, abs_tol=limits.small_value_atol)
+        err = abs(a - b) if math.isfinite(a) and math.isfinite(b) else math.inf
+        return [LeafVerdict(path, a, same, None, limits.rtol, 0.0 if same else math.inf, "float", "()", {"abs_err": err})]
+    if isinstance(a, (bool, int, float)) and a != b:
+        return [_exact_verdict(path, a, 1.0, type(a).__name__, "", "to_cpu")]
+    return []
+
+
 def _single_benchmark(backend: Any, pairs: list) -> list[LeafVerdict]:
     figures, plans, verdicts = [], [], []
     for path, a, b in pairs:
-        if not backend.is_tensor(a) or backend.numel(a) == 0:
+        if not backend.is_tensor(a):
+            verdicts.extend(_python_leaf_single(path, a, b))
+            continue
+        if backend.numel(a) == 0:
             continue
         if backend.is_float(a) and backend.is_float(b):
             act, gold = backend.to_float64_cpu(a), backend.to_float64_cpu(b)

@@ -129,8 +129,12 @@ class AddNoise(Perturbation):
         bits = b.bit_view(x)
         one = xp.ones_like(bits)
         step = xp.where(x > 0, one, -one)  # +1 on the int view raises positives, -1 lowers negatives' magnitude
-        finite = xp.isfinite(x) & (xp.abs(x) < float(_finfo_max(name)))
-        moved = xp.where(finite & (xp.abs(x) > gate), bits + step, bits)
+        magnitude = xp.abs(x)
+        if name in th.HALF_DTYPES:  # sqrt(v) rounds up in half precision: compare in float32
+            magnitude = xp.astype(magnitude, xp.float32)
+        # +max has no finite value above it; every other finite element can move towards +inf
+        movable = xp.isfinite(x) & (x < float(_finfo_max(name)))
+        moved = xp.where(movable & (magnitude > gate), bits + step, bits)
         return b.from_bit_view(moved, x)
 
 

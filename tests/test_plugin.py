@@ -106,3 +106,17 @@ def test_bad_config_is_a_usage_error_before_tests_run(suite):
     result = suite.runpytest_subprocess("--msprobe-task=free_benchmark", f"--msprobe-config={cfg}", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "free_benchmark" in result.stderr.str() and "add_noise" in result.stderr.str()
+
+
+def test_xdist_workers_write_their_own_files_and_the_controller_merges(suite):
+    pytest.importorskip("xdist")
+    dump = suite.path / "out"
+    result = suite.runpytest_subprocess("-n", "2", "--msprobe-task=free_benchmark", f"--msprobe-dump-path={dump}",
+                                        "--msprobe-fail-on=never", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines(["*risky APIs*", "Torch.expm1 *"])
+    summary = json.loads((dump / "summary.json").read_text())
+    assert set(summary["tests"]) == {"test_suite.py::test_clean", "test_suite.py::test_risky",
+                                     "test_suite.py::test_no_torch_work"}
+    assert summary["apis"]["Torch.expm1"]["tests"] == ["test_suite.py::test_risky"]
+    assert len(list((dump / "tests").rglob("free_benchmark.csv"))) == 1

@@ -119,7 +119,7 @@ class ModelSpec:
 
 SPECS: dict[str, ModelSpec] = {
     "tiny": ModelSpec("tiny", torch.float32, steps=10, warmup=3),
-    "medium-fp32": ModelSpec("medium-fp32", torch.float32, steps=2, warmup=1),
+    "medium-fp32": ModelSpec("medium-fp32", torch.float32, steps=1, warmup=1),
     "medium-bf16": ModelSpec("medium-bf16", torch.bfloat16, steps=1, warmup=1),
 }
 QUICK_STEPS = {"tiny": 5, "medium-fp32": 1, "medium-bf16": 1}
@@ -264,6 +264,7 @@ def memory_child(arg: str, steps: int) -> None:
     gc.collect()
     tmp = tempfile.TemporaryDirectory(prefix="fb_overhead_mem_")
     base = _status_kib("VmRSS")
+    anon_before = _status_kib("RssAnon")
     method = "VmHWM reset via /proc/self/clear_refs"
     if base is None or not _reset_peak() or _status_kib("VmHWM") is None:
         # fallback: the peak since the process started (import peaks included), so growth is a lower bound
@@ -280,13 +281,19 @@ def memory_child(arg: str, steps: int) -> None:
                 probed_step(dbg, bench)
     except Exception as exc:  # report, don't hide
         error = f"{type(exc).__name__}: {exc}"
+    anon_growth = None
     if method.startswith("VmHWM"):
         peak = _status_kib("VmHWM")
+        file_after, shmem_after = _status_kib("RssFile"), _status_kib("RssShmem")
+        if None not in (anon_before, file_after, shmem_after):
+            # file-backed pages (library code touched for the first time) only grow without memory
+            # pressure, so the anonymous part of the peak is at least peak - file pages at the end
+            anon_growth = peak - file_after - shmem_after - anon_before
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     tmp.cleanup()
     print(json.dumps({"config": arg, "base_kib": base, "peak_kib": peak, "growth_kib": peak - base,
-                      "steps": steps, "method": method, "error": error}))
+                      "anon_growth_kib": anon_growth, "steps": steps, "method": method, "error": error}))
 
 
 def run_memory_child(model: str, mode: str, steps: int) -> dict[str, Any]:
@@ -359,9 +366,9 @@ def fmt(v: float | None, spec: str) -> str:
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    head = ("model", "mode", "plain ms", "probed ms", "time x", "target", "", "min x", "noise",
-            "mem x", "target", "", "+MiB", "chk/step", "flag rows", "errors")
-    widths = (11, 21, 8, 9, 6, 6, 4, 6, 5, 5, 6, 4, 7, 8, 9, 6)
+    head = ("model", "mode", "plain ms", "probed ms", "time x", "target", "", "min x", "noise", "drift",
+            "mem x", "target", "", "+MiB", "anon x", "chk/step", "flag rows", "errors")
+    widths = (11, 21, 8, 9, 6, 6, 4, 6, 5, 5, 5, 6, 4, 7, 6, 8, 9, 6)
     line = "  ".join(h.ljust(w) if i < 2 else h.rjust(w) for i, (h, w) in enumerate(zip(head, widths)))
     print(line)
     print("-" * len(line))
@@ -373,9 +380,9 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             r["model"], MODE_LABEL.get(r["mode"], r["mode"]),
             fmt(t.get("plain_ms_per_step"), ".1f"), fmt(t.get("probed_ms_per_step"), ".1f"),
             fmt(t.get("time_ratio"), ".2f"), "-" if tt is None else f"<={tt:g}", r["time_verdict"],
-            fmt(t.get("time_ratio_min"), ".2f"), fmt(t.get("plain_noise"), ".1f"),
+            fmt(t.get("time_ratio_min"), ".2f"), fmt(t.get("plain_noise"), ".1f"), fmt(t.get("probed_drift"), ".2f"),
             fmt(m.get("ratio"), ".2f"), f"<={MEMORY_TARGET:g}", r["memory_verdict"] if m else "-",
-            fmt(m.get("extra_mib"), "+.1f"), fmt(t.get("checked_per_step"), ".1f"),
+            fmt(m.get("extra_mib"), "+.1f"), fmt(m.get("anon_ratio"), ".2f"), fmt(t.get("checked_per_step"), ".1f"),
             str(t.get("flagged_rows", "-")), str(len(t["errors"])) if "errors" in t else "-",
         )
         print("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))))
@@ -454,6 +461,8 @@ def main(argv: list[str] | None = None) -> int:
                 if "growth_kib" in child and plain_mem and plain_mem.get("growth_kib"):
                     mem["ratio"] = child["growth_kib"] / plain_mem["growth_kib"]
                     mem["extra_mib"] = (child["growth_kib"] - plain_mem["growth_kib"]) / 1024
+                if child.get("anon_growth_kib") and plain_mem and plain_mem.get("anon_growth_kib"):
+                    mem["anon_ratio"] = child["anon_growth_kib"] / plain_mem["anon_growth_kib"]
                 row["memory"] = mem
                 row["memory_verdict"] = verdict(mem.get("ratio"), MEMORY_TARGET)
             else:
@@ -487,9 +496,17 @@ def main(argv: list[str] | None = None) -> int:
     if others is not None:
         print(f"CPU used by other processes during the run: {others:.2f} cores on average "
               f"(1-min load average {load_start:.2f} at start)")
-    if noisy or (others or 0) > 0.25:
-        print(f"WARNING: timings are noisy ({len(noisy)} configs whose slowest plain loop is > 1.5x their "
-              "fastest): other processes share the CPUs; rerun on a quiet machine, or compare 'min x'")
+    if (others or 0) > 0.25:
+        print("WARNING: other processes used the CPUs during the run, so timings are disturbed; rerun on a "
+              "quiet machine (or with --threads 1), or compare 'min x'")
+    if noisy:
+        print(f"note: {len(noisy)} configs have noise > 1.5 (slowest plain loop / fastest); trust 'time x' "
+              "there only where 'min x' agrees with it")
+    drifting = [r for r in rows if r["timing"] and r["timing"]["probed_drift"] > 1.5]
+    if drifting:
+        print("note: the probed loop slowed down during the run (drift > 1.5) for "
+              + ", ".join(f"{r['model']} {r['label']}" for r in drifting)
+              + ": the per-step cost of the probe grows with the steps already run")
     print(f"targets: medium <=3x (every mode but to_cpu), tiny <=10x, peak memory <=1.5x -> "
           f"{'ALL PASS' if not fails else f'{fails} FAIL/ERR'}  ({elapsed:.0f}s)")
 

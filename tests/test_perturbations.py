@@ -51,6 +51,11 @@ def next_down(x: torch.Tensor) -> torch.Tensor:
     return torch.nextafter(x, torch.full_like(x, -math.inf))
 
 
+def next_out(x: torch.Tensor) -> torch.Tensor:
+    """One ulp away from zero (what add_noise's ulp style does)."""
+    return torch.where(x >= 0, next_up(x), next_down(x))
+
+
 def all_16bit(dtype: torch.dtype) -> torch.Tensor:
     return torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(dtype)
 
@@ -200,10 +205,10 @@ def test_b24_container_types_are_kept(mode):
 def check_add_noise_ulp(x: torch.Tensor, y: torch.Tensor) -> None:
     dtype = x.dtype
     gate = NOISE[dtype] ** 0.5
-    up = next_up(x)
+    up = next_out(x)
     finite = torch.isfinite(x)
     big = x.double().abs() > gate  # the gate in exact arithmetic, not rounded to the dtype
-    eligible = finite & big & torch.isfinite(up)  # only +max has no finite value above it
+    eligible = finite & big & torch.isfinite(up)  # only ±max have no finite value further out
     assert torch.equal(bits(y)[eligible], bits(up)[eligible])
     assert torch.equal(bits(y)[~eligible], bits(x)[~eligible])
     # noise never creates a non-finite value out of a finite one
@@ -217,7 +222,7 @@ def test_add_noise_ulp_exhaustive_16bit(dtype):
     check_add_noise_ulp(x, y)
     # B4: a real perturbation for every magnitude above the gate, not only in the reference's narrow band
     moved = ~same_bits_elementwise(x, y)
-    below_max = x < torch.finfo(dtype).max  # +max cannot move up
+    below_max = x.abs() < torch.finfo(dtype).max  # ±max cannot move further out
     assert bool(moved[torch.isfinite(x) & (x.abs() > 1.0) & below_max].all())
 
 
@@ -239,8 +244,8 @@ def test_add_noise_ulp_examples(dtype):
     gate = NOISE[dtype] ** 0.5
     x = torch.tensor([2.0, -2.0, 0.75, 1000.0, -gate / 2, 0.0, gate / 10], dtype=torch.float64).to(dtype)
     y = perturb_one("add_noise", x)
-    assert same_bits(y[:4], next_up(x[:4]))
-    assert bool((y[:4] > x[:4]).all())  # towards +inf, whatever the sign
+    assert same_bits(y[:4], next_out(x[:4]))
+    assert bool((y[:4].abs() > x[:4].abs()).all())  # away from zero, whatever the sign
     assert same_bits(y[4:], x[4:])
 
 
@@ -249,7 +254,7 @@ def test_add_noise_keeps_non_finite(dtype):
     x = torch.tensor([math.inf, -math.inf, math.nan, 3.0], dtype=dtype)
     y = perturb_one("add_noise", x)
     assert same_bits(y[:3], x[:3])
-    assert same_bits(y[3:], next_up(x[3:]))
+    assert same_bits(y[3:], next_out(x[3:]))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
@@ -260,17 +265,15 @@ def test_add_noise_ulp_moves_smallest_value_above_gate(dtype):
     x = torch.tensor([gate, -gate], dtype=dtype)
     assert bool((x.double().abs() > gate).all())  # eligible by the documented rule
     y = perturb_one("add_noise", x)
-    assert same_bits(y, next_up(x))
+    assert same_bits(y, next_out(x))
 
 
 @dtype_param
-def test_add_noise_ulp_moves_negative_max_but_not_positive_max(dtype):
-    # regression: the mask |x| < max also skipped -max, whose step towards +inf stays finite
-    x = torch.tensor([-torch.finfo(dtype).max], dtype=dtype)
-    y = perturb_one("add_noise", x)
-    assert same_bits(y, next_up(x))
-    top = torch.tensor([torch.finfo(dtype).max], dtype=dtype)
-    assert same_bits(perturb_one("add_noise", top), top)  # never pushed to +inf
+def test_add_noise_ulp_never_pushes_max_to_inf(dtype):
+    top = torch.tensor([torch.finfo(dtype).max, -torch.finfo(dtype).max], dtype=dtype)
+    assert same_bits(perturb_one("add_noise", top), top)
+    below = torch.nextafter(top, torch.zeros_like(top))
+    assert same_bits(perturb_one("add_noise", below), top)
 
 
 # ---------------------------------------------------------------------------------------------

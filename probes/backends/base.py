@@ -34,3 +34,16 @@ class Backend(Protocol):
     def rng_restore(self, snapshot: Any) -> None: ...
     def rank(self) -> int: ...
     def replace_data(self, target: Any, source: Any) -> None: ...
+
+
+class BackendDefaults:
+    """Implementations a backend inherits unless it has a faster one of its own."""
+
+    def namespace(self, t: Any) -> Any:  # pragma: no cover - every backend defines it
+        raise NotImplementedError
+
+    def ratio_reductions(self, a: Any, b: Any, tol: float) -> Any:
+        """The ratio rule's device figures (probes.core.metrics.ratio_reductions)."""
+        from probes.core import metrics
+
+        return metrics.ratio_reductions(self.namespace(a), a, b, tol)

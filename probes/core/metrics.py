@@ -17,7 +17,8 @@ from typing import Any
 CHUNK_ELEMENTS = 1 << 22
 
 
-def _chunks(xp: Any, a: Any, b: Any):
+def iter_chunks(xp: Any, a: Any, b: Any):
+    """Matching flat chunks of a and b (one chunk up to CHUNK_ELEMENTS elements)."""
     flat_a = xp.reshape(a, (-1,))
     flat_b = xp.reshape(b, (-1,))
     n = flat_a.shape[0]
@@ -37,9 +38,14 @@ def ratio_reductions(xp: Any, a: Any, b: Any, tol: float) -> Any:
     slower, mask-aware `nonfinite_ratio_reductions`.
     """
     parts = []
-    for ca, cb in _chunks(xp, a, b):
+    for ca, cb in iter_chunks(xp, a, b):
         r = xp.maximum(xp.abs(ca), tol) / xp.maximum(xp.abs(cb), tol)
         parts.append(xp.stack([xp.max(r), xp.min(r), xp.min(ca * cb)]))
+    return combine_ratio_parts(xp, parts)
+
+
+def combine_ratio_parts(xp: Any, parts: list[Any]) -> Any:
+    """[max r, min r, min a*b] over all chunks: every chunk counts (B1)."""
     if len(parts) == 1:
         return parts[0]
     stacked = xp.stack(parts)

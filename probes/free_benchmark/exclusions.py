@@ -17,6 +17,8 @@ COLLECTIVE = "collective communication: re-running it would issue it again on ev
 OPTIMIZER = "fused optimizer kernel: mutates parameters and optimizer state"
 ACCESSOR = "returns metadata or a Python value, not a tensor computation"
 SIDE_EFFECT = "has side effects on autograd, storage or streams"
+DATA_MOVEMENT = ("moves, copies or casts data without arithmetic: a perturbation would only pass through "
+                 "(and a one-ulp bf16 perturbation alone exceeds the bf16 threshold)")
 
 _RANDOM_NAMES = {
     "dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_dropout", "feature_alpha_dropout",
@@ -52,6 +54,21 @@ _SIDE_EFFECT_NAMES = {
     "module_load", "set_", "resize_", "resize_as_", "share_memory_", "apply_", "map_", "map2_",
     "__setitem__", "__delitem__", "copy_", "save", "load", "manual_seed", "seed", "set_rng_state",
 }
+# Views, copies, concatenations, index selections and dtype/device casts: exact by construction.
+_DATA_MOVEMENT_NAMES = {
+    "view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "ravel", "squeeze", "unsqueeze",
+    "transpose", "swapaxes", "swapdims", "t", "permute", "movedim", "moveaxis", "contiguous", "expand",
+    "expand_as", "broadcast_to", "broadcast_tensors", "repeat", "tile", "repeat_interleave", "clone", "detach",
+    "to", "type_as", "float", "double", "half", "bfloat16", "cpu", "cuda", "xpu", "ipu", "mtia", "npu",
+    "narrow", "narrow_copy", "select", "split", "split_with_sizes", "chunk", "unbind", "tensor_split", "hsplit",
+    "vsplit", "dsplit", "unsafe_chunk", "unsafe_split", "unsafe_split_with_sizes", "__getitem__",
+    "index_select", "gather", "take", "take_along_dim", "masked_select", "flip", "fliplr", "flipud", "roll",
+    "rot90", "diagonal", "cat", "concat", "concatenate", "stack", "hstack", "vstack", "dstack", "column_stack",
+    "row_stack", "atleast_1d", "atleast_2d", "atleast_3d", "as_strided", "alias_copy", "view_copy",
+    "pin_memory", "resolve_conj", "resolve_neg", "positive", "__pos__", "conj", "align_as", "align_to",
+    "refine_names", "rename", "new_tensor", "as_subclass", "int", "long", "short", "char", "byte", "bool",
+    "cdouble", "cfloat", "chalf", "requires_grad", "dequantize", "to_dense", "coalesce",
+}
 _INPLACE_DUNDER_RE = re.compile(r"^__i[a-z]+__$")
 _PREFIXED_ACCESSOR_RE = re.compile(r"^(is_|has_|get_|set_|use_)")
 
@@ -72,6 +89,8 @@ def exclusion_reason(qualname: str) -> str | None:
         return RANDOM
     if name in _UNINITIALISED_NAMES:
         return UNINITIALISED
+    if name in _DATA_MOVEMENT_NAMES:
+        return DATA_MOVEMENT
     if _INPLACE_DUNDER_RE.match(name) and name not in ("__init__", "__invert__", "__index__", "__iter__"):
         return IN_PLACE
     if name.endswith("_") and not name.endswith("__"):

@@ -111,9 +111,11 @@ class ImprovePrecision(Perturbation):
 
 
 class AddNoise(Perturbation):
-    """ulp style (default, B4 fixed): every finite element with |x| > sqrt(v) moves one unit in the
-    last place towards +inf, in its own dtype, so the perturbation is real for every magnitude.
-    reference style: msprobe 8.3.3's x + v where |x| > sqrt(v), which rounds away for most values."""
+    """ulp style (default, B4 fixed): every finite element with |x| > sqrt(v) moves one unit in
+    the last place away from zero, in its own dtype, so the perturbation is real for every
+    magnitude (the reference's x + v rounds away for most values). On the signed-integer view
+    of a float, +1 is exactly "one ulp larger in magnitude", for either sign.
+    reference style: msprobe 8.3.3's x + v where |x| > sqrt(v)."""
 
     mode = "add_noise"
 
@@ -123,19 +125,15 @@ class AddNoise(Perturbation):
         name = b.dtype_name(t)
         v = th.NOISE_VALUE[name]
         gate = v**0.5
-        x = b.clone(t)
+        magnitude = xp.abs(t)
         if self.add_noise_style == "reference":
-            return xp.where(xp.abs(x) > gate, x + v, x)
-        bits = b.bit_view(x)
-        one = xp.ones_like(bits)
-        step = xp.where(x > 0, one, -one)  # +1 on the int view raises positives, -1 lowers negatives' magnitude
-        magnitude = xp.abs(x)
+            return xp.where(magnitude > gate, t + v, t)
         if name in th.HALF_DTYPES:  # sqrt(v) rounds up in half precision: compare in float32
             magnitude = xp.astype(magnitude, xp.float32)
-        # +max has no finite value above it; every other finite element can move towards +inf
-        movable = xp.isfinite(x) & (x < float(_finfo_max(name)))
-        moved = xp.where(movable & (magnitude > gate), bits + step, bits)
-        return b.from_bit_view(moved, x)
+        # the largest finite value has no finite neighbour further out; inf and NaN stay as they are
+        eligible = (magnitude > gate) & (magnitude < float(_finfo_max(name)))
+        bits = b.bit_view(t)
+        return b.from_bit_view(xp.where(eligible, bits + 1, bits), t)
 
 
 class BitNoise(Perturbation):
@@ -147,12 +145,10 @@ class BitNoise(Perturbation):
     def perturb(self, t: Any) -> Any:
         b = self.backend
         xp = b.namespace(t)
-        name = b.dtype_name(t)
-        x = b.clone(t)
-        bits = b.bit_view(x)
-        eligible = xp.isfinite(x) & (xp.abs(x) > th.SMALLEST_NORMAL[name])
-        flipped = xp.where(eligible, xp.bitwise_xor(bits, xp.ones_like(bits)), bits)
-        return b.from_bit_view(flipped, x)
+        magnitude = xp.abs(t)
+        eligible = (magnitude > th.SMALLEST_NORMAL[b.dtype_name(t)]) & (magnitude < float("inf"))
+        bits = b.bit_view(t)
+        return b.from_bit_view(xp.where(eligible, xp.bitwise_xor(bits, xp.ones_like(bits)), bits), t)
 
 
 class ChangeValue(Perturbation):

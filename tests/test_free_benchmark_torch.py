@@ -378,3 +378,20 @@ def test_strict_mode_raises_probe_errors(fb_config, monkeypatch):
 def test_features_of_later_releases_are_refused_clearly(fb_config, section, key):
     with pytest.raises(ConfigError, match=key):
         PrecisionDebugger(config=fb_config(**section))
+
+
+def test_rows_kept_in_memory_are_capped_but_the_csv_gets_all(fb_config, monkeypatch, tmp_path):
+    from probes.free_benchmark import service
+
+    monkeypatch.setattr(service, "ROWS_KEPT", 3)
+    monkeypatch.setattr(torch, "expm1", seeded.naive_expm1)
+    x = torch.linspace(1e-3, 2e-2, 8).half()
+
+    def work():
+        for _ in range(5):
+            torch.expm1(x)
+
+    dbg, _ = run(fb_config(list=["expm1"]), work)
+    assert len(dbg.rows) == 3 and dbg.summary()["rows_total"] == 5
+    with open(tmp_path / "dump" / "step0" / "rank0" / "free_benchmark.csv") as fh:
+        assert len(fh.readlines()) == 1 + 5

@@ -32,6 +32,9 @@ from probes.free_benchmark.perturbations import Cancelled, make_perturbation
 log = logging.getLogger("probes.free_benchmark")
 
 CSV_NAME = "free_benchmark.csv"
+# Rows kept in memory for summary.json and the plugin; the CSV always gets every row, so a long
+# run that flags the same API every step does not grow the process without bound.
+ROWS_KEPT = 2000
 
 
 @dataclass
@@ -131,6 +134,7 @@ class FreeBenchmarkProbe:
         self.counters: Counter[str] = Counter()
         self.stats: dict[str, ApiStats] = {}
         self.rows: list[FreeBenchmarkRow] = []
+        self.rows_total = 0
         self.skipped: Counter[tuple[str, str]] = Counter()
         self.errors: dict[tuple[str, str], dict[str, Any]] = {}
         self._writers: dict[int, CsvAppender] = {}
@@ -275,7 +279,9 @@ class FreeBenchmarkProbe:
         return self.dump_path / f"step{step}" / f"rank{self.rank or 0}" / CSV_NAME
 
     def _add_row(self, row: FreeBenchmarkRow) -> None:
-        self.rows.append(row)
+        self.rows_total += 1
+        if len(self.rows) < ROWS_KEPT:
+            self.rows.append(row)
         writer = self._writers.get(row.step)
         if writer is None:
             writer = self._writers[row.step] = CsvAppender(self._csv_path(row.step), FREE_BENCHMARK_COLUMNS)
@@ -304,8 +310,8 @@ class FreeBenchmarkProbe:
             "config": self.config.to_dict(),
             "steps_seen": self.current_step + 1,
             "apis": {k: s.to_dict() for k, s in sorted(self.stats.items())},
-            "flagged": [r.to_dict() for r in self.rows[:10000]],
-            "rows_total": len(self.rows),
+            "flagged": [r.to_dict() for r in self.rows],
+            "rows_total": self.rows_total,
             "not_checked": by_reason,
             "errors": list(self.errors.values()),
             "csv_files": sorted(str(w.path) for w in self._writers.values() if w.path.exists()),

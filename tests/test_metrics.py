@@ -450,8 +450,14 @@ def test_torch_fast_ratio_path_equals_core_formula(dtype, small_chunks, monkeypa
     b = a * (1 + 1e-3 * torch.randn(5, 11, generator=g, dtype=dtype))
     b[0, 0] = -b[0, 0]
     a[4, 10] = 1e-7
+    a_before, b_before = a.clone(), b.clone()
     for tol in (1e-4, 1e-3):
         fast = BACKEND.ratio_reductions(a, b, tol)
         core = metrics.ratio_reductions(BACKEND.namespace(a), a, b, tol)
         assert torch.equal(fast, core)
-    assert torch.equal(a, a.clone())  # inputs untouched
+    assert torch.equal(a, a_before) and torch.equal(b, b_before)  # inputs untouched
+    # a half-precision original against a float32 re-run: cast per chunk, same figures
+    h = a.to(torch.bfloat16)
+    fast = BACKEND.ratio_reductions(h, b.float(), 1e-4)
+    core = metrics.ratio_reductions(BACKEND.namespace(b), h.float(), b.float(), 1e-4)
+    assert torch.equal(fast, core)

@@ -42,8 +42,12 @@ class BackendDefaults:
     def namespace(self, t: Any) -> Any:  # pragma: no cover - every backend defines it
         raise NotImplementedError
 
+    def to_compute(self, t: Any, like: Any) -> Any:  # pragma: no cover - every backend defines it
+        raise NotImplementedError
+
     def ratio_reductions(self, a: Any, b: Any, tol: float) -> Any:
-        """The ratio rule's device figures (probes.core.metrics.ratio_reductions)."""
+        """The ratio rule's device figures (probes.core.metrics.ratio_reductions) for an
+        original leaf `a` and a perturbed leaf `b` of any float dtype."""
         from probes.core import metrics
 
-        return metrics.ratio_reductions(self.namespace(a), a, b, tol)
+        return metrics.ratio_reductions(self.namespace(b), self.to_compute(a, b), self.to_compute(b, b), tol)

@@ -69,16 +69,23 @@ class TorchBackend(BackendDefaults):
         return t
 
     def ratio_reductions(self, a: Any, b: Any, tol: float) -> Any:
-        """metrics.ratio_reductions computed in place on two temporaries: on the CPU a fresh
-        output buffer costs as much as the arithmetic, so this halves the comparison's cost.
-        tests/test_metrics.py checks it against the core formula."""
+        """metrics.ratio_reductions for an original leaf `a` and a perturbed leaf `b`, computed
+        in place on two temporaries per chunk, each chunk cast to the compute dtype on its own:
+        on the CPU a fresh output buffer costs as much as the arithmetic, and no full-size
+        float32 copy of a bf16 output is ever made. tests/test_metrics.py checks it against
+        the core formula."""
+        dtype = b.dtype if b.dtype in (torch.float32, torch.float64) else torch.float32
+        a = a.detach()
+        b = b.detach()
         parts = []
-        for ca, cb in metrics.iter_chunks(self.namespace(a), a, b):
+        for ca, cb in metrics.iter_chunks(self.namespace(b), a, b):
+            ca = ca.to(device=b.device, dtype=dtype)
+            cb = cb.to(dtype=dtype)
             r = ca.abs().clamp_min_(tol)
             r.div_(cb.abs().clamp_min_(tol))
             lo, hi = r.aminmax()  # methods, not torch.*: user code may have patched the module
             parts.append(torch.stack([hi, lo, ca.mul(cb).amin()]))
-        return metrics.combine_ratio_parts(self.namespace(a), parts)
+        return metrics.combine_ratio_parts(self.namespace(b), parts)
 
     def to_compute(self, t: Any, like: Any) -> Any:
         """The dtype and device the ratio metric runs in: like's dtype, at least float32."""

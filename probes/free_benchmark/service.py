@@ -209,6 +209,7 @@ class FreeBenchmarkProbe:
                 pert_out = original(*pert.args, **pert.kwargs)
         finally:
             b.rng_restore(after)
+        pert = None  # free the perturbed (e.g. upcast) inputs before comparing
         try:
             verdicts = compare_outputs(b, out, pert_out, pert_mode=self.fb.pert_mode)
         except StructureMismatch as exc:

@@ -461,3 +461,25 @@ def test_torch_fast_ratio_path_equals_core_formula(dtype, small_chunks, monkeypa
     fast = BACKEND.ratio_reductions(h, b.float(), 1e-4)
     core = metrics.ratio_reductions(BACKEND.namespace(b), h.float(), b.float(), 1e-4)
     assert torch.equal(fast, core)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_single_benchmark_fast_chunks_equal_the_masked_formula(seed, monkeypatch):
+    """The finite fast path, chunked and combined, gives the masked formula's figures."""
+    monkeypatch.setattr(metrics, "CHUNK_ELEMENTS", 13)
+    g = torch.Generator().manual_seed(seed)
+    golden = torch.randn(7, 9, generator=g, dtype=torch.float64) * 3
+    golden[0, 0] = 0.0
+    actual = golden * (1 + 1e-4 * torch.randn(7, 9, generator=g, dtype=torch.float64))
+    actual[0, 0] = 0.5  # small, golden zero
+    flat_a, flat_g = actual.reshape(-1), golden.reshape(-1)
+    parts = [metrics.single_benchmark_chunk(xp_torch, ca, cg, 1.0).tolist()
+             for ca, cg in metrics.iter_chunks(xp_torch, flat_a, flat_g)]
+    assert len(parts) > 1
+    fast = metrics.combine_single_chunks(parts, actual.numel())
+    slow = metrics.single_benchmark_reductions(xp_torch, actual, golden, 1.0).tolist()
+    assert fast[:2] == pytest.approx(slow[:2], rel=1e-12) and fast[2] == pytest.approx(slow[2], rel=1e-9, abs=1e-15)
+    assert not metrics.needs_nonfinite_single(fast)
+    actual[1, 1] = math.inf
+    chunk = metrics.single_benchmark_chunk(xp_torch, actual.reshape(-1), golden.reshape(-1), 1.0).tolist()
+    assert metrics.needs_nonfinite_single(chunk)

@@ -130,6 +130,33 @@ class SingleBenchmarkVerdict:
     consistent: bool
 
 
+def single_benchmark_chunk(xp: Any, actual: Any, golden: Any, small_value: float) -> Any:
+    """Device array [abs_err, rel_err, sum of d/scale] of one chunk, assuming finite values.
+
+    The fast path of the single-benchmark rule: if any element is non-finite the figures come
+    out non-finite and `needs_nonfinite_single` sends the leaf to `single_benchmark_reductions`.
+    A golden zero under |actual| >= small_value gives rel_err = inf, as it should.
+    """
+    diff = actual - golden
+    adiff = xp.abs(diff)
+    small = xp.abs(actual) < small_value
+    zero = xp.zeros_like(adiff)
+    abs_err = xp.max(xp.where(small, adiff, zero))
+    agold = xp.abs(golden)
+    rel_err = xp.max(xp.where(small, zero, adiff / agold))
+    eb_sum = xp.sum(diff / xp.maximum(agold, 1.0))
+    return xp.stack([abs_err, rel_err, eb_sum])
+
+
+def combine_single_chunks(parts: list[list[float]], numel: int) -> list[float]:
+    """[abs_err, rel_err, error_balance, 0 mismatches] from host copies of the chunks' figures."""
+    return [max(p[0] for p in parts), max(p[1] for p in parts), sum(p[2] for p in parts) / max(numel, 1), 0.0]
+
+
+def needs_nonfinite_single(figures: list[float]) -> bool:
+    return not all(math.isfinite(v) for v in figures[:3])
+
+
 def single_benchmark_reductions(xp: Any, actual: Any, golden: Any, small_value: float) -> Any:
     """Device array [abs_err, rel_err, error_balance, nonfinite mismatches], float64 inputs.
 

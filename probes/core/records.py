@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 FREE_BENCHMARK_COLUMNS = ("rank", "pert_mode", "stage", "step", "api_name", "max_rel", "dtype", "shape", "output_index")
@@ -34,8 +34,7 @@ class FreeBenchmarkRow:
         return values
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        for key in ("figure",):
-            if d[key] == float("inf"):
-                d[key] = "inf"
+        d = {name: getattr(self, name) for name in FREE_BENCHMARK_COLUMNS}
+        d.update(api=self.api, threshold=self.threshold, detail=dict(self.detail),
+                 figure="inf" if self.figure == float("inf") else self.figure)
         return d

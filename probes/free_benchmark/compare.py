@@ -146,6 +146,7 @@ def _python_leaf_single(path, a: Any, b: Any) -> list[LeafVerdict]:
 
 
 def _single_benchmark(backend: Any, pairs: list) -> list[LeafVerdict]:
+    """to_cpu: each float leaf in float64 on the CPU, chunk by chunk (bounded memory)."""
     figures, plans, verdicts = [], [], []
     for path, a, b in pairs:
         if not backend.is_tensor(a):
@@ -154,23 +155,38 @@ def _single_benchmark(backend: Any, pairs: list) -> list[LeafVerdict]:
         if backend.numel(a) == 0:
             continue
         if backend.is_float(a) and backend.is_float(b):
-            act, gold = backend.to_float64_cpu(a), backend.to_float64_cpu(b)
             limits = th.single_benchmark_threshold(backend.dtype_name(a))
-            figures.append(metrics.single_benchmark_reductions(backend.namespace(act), act, gold, limits.small_value))
-            plans.append(("single", path, a, limits))
+            chunks = []
+            for ca, cb in metrics.iter_chunks(backend.namespace(a), a, b):
+                act, gold = backend.to_float64_cpu(ca), backend.to_float64_cpu(cb)
+                chunks.append(metrics.single_benchmark_chunk(backend.namespace(act), act, gold, limits.small_value))
+            figures.extend(chunks)
+            plans.append(("single", path, a, b, limits, len(chunks)))
         else:
             figures.append(backend.any_differ(a, b))
-            plans.append(("exact", path, a, None))
-    for (kind, path, a, limits), h in zip(plans, backend.host_floats(figures)):
+            plans.append(("exact", path, a, b, None, 1))
+    host = backend.host_floats(figures)
+    pos = 0
+    for kind, path, a, b, limits, n in plans:
+        h, pos = host[pos : pos + n], pos + n
         if kind == "exact":
-            verdicts.append(_exact_verdict(path, a, h[0], backend.dtype_repr(a), backend.shape_repr(a), "to_cpu"))
+            verdicts.append(_exact_verdict(path, a, h[0][0], backend.dtype_repr(a), backend.shape_repr(a), "to_cpu"))
             continue
-        sv = metrics.finish_single_benchmark(h, limits.rtol, limits.small_value_atol, limits.error_balance)
-        figure = math.inf if sv.nonfinite_mismatch else max(sv.abs_err / limits.small_value_atol,
-                                                            sv.rel_err / limits.rtol,
-                                                            abs(sv.error_balance) / limits.error_balance)
-        verdicts.append(LeafVerdict(path, a, sv.consistent, None, limits.rtol, figure, backend.dtype_repr(a),
-                                    backend.shape_repr(a),
-                                    {"abs_err": sv.abs_err, "rel_err": sv.rel_err, "error_balance": sv.error_balance,
-                                     "nonfinite_mismatch": sv.nonfinite_mismatch}))
+        figs = metrics.combine_single_chunks(h, backend.numel(a))
+        if metrics.needs_nonfinite_single(figs):  # rare: recompute with the mask-aware formula
+            act, gold = backend.to_float64_cpu(a), backend.to_float64_cpu(b)
+            figs = backend.host_floats([metrics.single_benchmark_reductions(backend.namespace(act), act, gold,
+                                                                            limits.small_value)])[0]
+        verdicts.append(_single_verdict(backend, path, a, figs, limits))
     return verdicts
+
+
+def _single_verdict(backend: Any, path, a: Any, h: list[float], limits: Any) -> LeafVerdict:
+    sv = metrics.finish_single_benchmark(h, limits.rtol, limits.small_value_atol, limits.error_balance)
+    figure = math.inf if sv.nonfinite_mismatch else max(sv.abs_err / limits.small_value_atol,
+                                                        sv.rel_err / limits.rtol,
+                                                        abs(sv.error_balance) / limits.error_balance)
+    return LeafVerdict(path, a, sv.consistent, None, limits.rtol, figure, backend.dtype_repr(a),
+                       backend.shape_repr(a),
+                       {"abs_err": sv.abs_err, "rel_err": sv.rel_err, "error_balance": sv.error_balance,
+                        "nonfinite_mismatch": sv.nonfinite_mismatch})

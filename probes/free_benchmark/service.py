@@ -35,6 +35,9 @@ CSV_NAME = "free_benchmark.csv"
 # Rows kept in memory for summary.json and the plugin; the CSV always gets every row, so a long
 # run that flags the same API every step does not grow the process without bound.
 ROWS_KEPT = 2000
+# Rows repeated in summary.json (serialised once, when they are made): the file is rewritten at
+# every step, so it must not grow with the run.
+SUMMARY_ROWS = 100
 
 
 @dataclass
@@ -135,6 +138,8 @@ class FreeBenchmarkProbe:
         self.stats: dict[str, ApiStats] = {}
         self.rows: list[FreeBenchmarkRow] = []
         self.rows_total = 0
+        self._summary_rows: list[dict[str, Any]] = []
+        self._dirty = True
         self.skipped: Counter[tuple[str, str]] = Counter()
         self.errors: dict[tuple[str, str], dict[str, Any]] = {}
         self._writers: dict[int, CsvAppender] = {}
@@ -160,6 +165,7 @@ class FreeBenchmarkProbe:
     def next_step(self) -> None:
         self.flush()
         self.current_step += 1
+        self._dirty = True  # steps_seen
         self.counters.clear()
         self.refresh()
 
@@ -216,6 +222,7 @@ class FreeBenchmarkProbe:
             self._skip(meta.key, f"perturbed output has another structure ({exc})")
             return
         stats.checked += 1
+        self._dirty = True
         if self.fb.handler_type == "fix":
             self._fix(out, pert_out)
             stats.fixed += 1
@@ -263,11 +270,13 @@ class FreeBenchmarkProbe:
     # bookkeeping -------------------------------------------------------------------------------
     def _skip(self, key: str, reason: str) -> None:
         self.skipped[(key, reason)] += 1
+        self._dirty = True
         if (key, reason) not in self._logged:
             self._logged.add((key, reason))
             log.info("free_benchmark: %s is not checked: %s", key, reason)
 
     def _error(self, key: str, name: str, exc: BaseException) -> None:
+        self._dirty = True
         entry = self.errors.get((key, type(exc).__name__))
         if entry is None:
             self.errors[(key, type(exc).__name__)] = {"api": key, "first_call": name, "error": f"{type(exc).__name__}: {exc}", "count": 1}
@@ -281,8 +290,11 @@ class FreeBenchmarkProbe:
 
     def _add_row(self, row: FreeBenchmarkRow) -> None:
         self.rows_total += 1
+        self._dirty = True
         if len(self.rows) < ROWS_KEPT:
             self.rows.append(row)
+        if len(self._summary_rows) < SUMMARY_ROWS:
+            self._summary_rows.append(row.to_dict())
         writer = self._writers.get(row.step)
         if writer is None:
             writer = self._writers[row.step] = CsvAppender(self._csv_path(row.step), FREE_BENCHMARK_COLUMNS)
@@ -297,8 +309,9 @@ class FreeBenchmarkProbe:
         """Write pending rows and the summary (called per step, at stop and at exit)."""
         for writer in self._writers.values():
             writer.flush()
-        if self.rank is not None:
+        if self.rank is not None and (self._dirty or not self.summary_path.exists()):
             write_json_atomic(self.summary_path, self.summary())
+            self._dirty = False
 
     def summary(self) -> dict[str, Any]:
         by_reason: dict[str, dict[str, int]] = {}
@@ -311,7 +324,7 @@ class FreeBenchmarkProbe:
             "config": self.config.to_dict(),
             "steps_seen": self.current_step + 1,
             "apis": {k: s.to_dict() for k, s in sorted(self.stats.items())},
-            "flagged": [r.to_dict() for r in self.rows],
+            "flagged": list(self._summary_rows),
             "rows_total": self.rows_total,
             "not_checked": by_reason,
             "errors": list(self.errors.values()),

@@ -13,7 +13,10 @@ Deliberate differences from the reference (spec free_benchmark.md §1, §7):
 * ``scope`` must be a list (the reference wraps a bare string), and the scope-layer checks
   (scope/list conflict, list element types) run here instead of when the service is built;
 * ``task`` has no default (the reference falls back to ``"statistics"``, which this tool lacks);
-* unknown keys warn instead of being silently ignored.
+* unknown keys warn instead of being silently ignored;
+* grad_probe (spec grad_probe_online_dispatch.md §1.2): an empty ``bounds`` list is rejected
+  (B-G1), ``param_list`` entries must be non-empty strings, and the top-level ``level`` is not
+  tied to grad_probe's own ``grad_level``.
 
 This module imports no deep-learning framework.
 """
@@ -24,6 +27,7 @@ import bisect
 import copy
 import difflib
 import json
+import math
 import os
 import re
 import warnings
@@ -45,7 +49,10 @@ __all__ = [
     "PERT_MODES",
     "TASKS",
     "TOP_LEVEL_KEYS",
+    "GRAD_LEVELS",
+    "GRAD_PROBE_KEYS",
     "FreeBenchmarkConfig",
+    "GradProbeConfig",
     "ProbeConfig",
     "load_config",
     "parse_index_list",
@@ -59,6 +66,12 @@ FUZZ_DEVICES = ("npu", "cpu")
 FUZZ_LEVELS = ("L1",)
 LEVELS = ("L0", "L1", "L2", "mix", "debug")
 ADD_NOISE_STYLES = ("ulp", "reference")
+GRAD_LEVELS = ("L0", "L1", "L2")
+
+#: Keys of the ``"grad_probe"`` section (spec grad_probe_online_dispatch.md §1.2).
+GRAD_PROBE_KEYS = ("grad_level", "param_list", "bounds")
+#: Bounds must fit an int64, as in the reference's check_bounds (so nan/inf are rejected too).
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 #: Largest rank/step number and largest expanded list, as in the reference (spec §1.2).
 INDEX_MAX = 1_000_000
@@ -135,6 +148,24 @@ class FreeBenchmarkConfig:
 
 
 @dataclass(frozen=True)
+class GradProbeConfig:
+    """The ``"grad_probe"`` section, validated. Defaults are the reference's.
+
+    ``bounds`` keeps each value exactly as parsed (an int stays an int), because the L2 CSV header
+    is built from ``str()`` of each bound: ``-1`` -> ``(-inf, -1]``, ``1e-5`` -> ``1e-05``.
+    Unlike the reference an empty ``bounds`` list is rejected (B-G1).
+    """
+
+    grad_level: str = "L1"
+    param_list: tuple[str, ...] = ()  # () = every parameter
+    bounds: tuple[float | int, ...] = (-1, 0, 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The section as JSON data, so it can be fed back to load_config."""
+        return {"grad_level": self.grad_level, "param_list": list(self.param_list), "bounds": list(self.bounds)}
+
+
+@dataclass(frozen=True)
 class ProbeConfig:
     """A whole validated config. Build it with :func:`load_config`; the constructor does not validate."""
 
@@ -145,6 +176,10 @@ class ProbeConfig:
     level: str = "L1"
     strict: bool = False  # our extension: probe-internal errors raise instead of being recorded
     free_benchmark: FreeBenchmarkConfig = field(default_factory=FreeBenchmarkConfig)
+    # Parsed whenever the config has a "grad_probe" section or the task is grad_probe, else None.
+    # The raw section is also kept in extra_sections (to_dict writes the raw form, so the round
+    # trip reproduces both).
+    grad_probe: GradProbeConfig | None = None
     # Raw sections of other tasks (grad_probe, online_dispatch), kept for their own parsers.
     # Excluded from the hash because mappings are unhashable; still part of equality.
     extra_sections: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, hash=False)
@@ -399,25 +434,40 @@ def _section(raw: Mapping[Any, Any], name: str) -> dict[Any, Any] | None:
     return dict(value)
 
 
-def _apply_overrides(raw: dict[Any, Any], fb: dict[Any, Any], overrides: Mapping[str, Any]) -> None:
-    """Merge ``overrides`` into the raw top level / free_benchmark section; they are validated afterwards."""
+def _apply_overrides(
+    raw: dict[Any, Any], fb: dict[Any, Any], gp: dict[Any, Any], overrides: Mapping[str, Any]
+) -> bool:
+    """Merge ``overrides`` into the raw top level / task sections; they are validated afterwards.
+
+    Returns whether a grad_probe key was set (which makes the grad_probe section present).
+    """
+    touched_gp = False
+    known = TOP_LEVEL_KEYS + FREE_BENCHMARK_KEYS + GRAD_PROBE_KEYS
     for key, value in overrides.items():
         name = key
         if isinstance(key, str) and key.startswith("free_benchmark."):
             name = key[len("free_benchmark.") :]
             if name not in FREE_BENCHMARK_KEYS:
                 name = key  # reported below as unknown
+        elif isinstance(key, str) and key.startswith("grad_probe."):
+            name = key[len("grad_probe.") :]
+            if name not in GRAD_PROBE_KEYS:
+                name = key
         if name in TOP_LEVEL_KEYS:
             raw[name] = value
         elif name in FREE_BENCHMARK_KEYS:
             fb[name] = value
+        elif name in GRAD_PROBE_KEYS:
+            gp[name] = value
+            touched_gp = True
         else:
             raise ConfigError(
                 "overrides",
                 key,
-                "a known key: " + ", ".join(TOP_LEVEL_KEYS + FREE_BENCHMARK_KEYS),
-                hint=_suggest(key, TOP_LEVEL_KEYS + FREE_BENCHMARK_KEYS),
+                "a known key: " + ", ".join(known),
+                hint=_suggest(key, known),
             )
+    return touched_gp
 
 
 def _task(value: object) -> str:
@@ -544,6 +594,77 @@ def _free_benchmark(fb: Mapping[Any, Any]) -> FreeBenchmarkConfig:
     return cfg
 
 
+def _grad_level(value: object) -> str:
+    return _choice("grad_probe.grad_level", value, GRAD_LEVELS, GradProbeConfig.grad_level)
+
+
+def _param_list(value: object) -> tuple[str, ...]:
+    """Exact parameter names (``model.named_parameters()`` spelling); null or [] = every parameter."""
+    key = "grad_probe.param_list"
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        raise ConfigError(key, value, "a list of parameter names, not a single string", hint=f"write [{json.dumps(value)}]")
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(
+            key, value, f"a list of parameter names (got a {_type_name(value)})", hint='write e.g. ["fc1.weight"]'
+        )
+    for i, item in enumerate(value):
+        if not isinstance(item, str) or not item:
+            raise ConfigError(
+                f"{key}[{i}]",
+                item,
+                f"a non-empty string (a name from model.named_parameters()); {key} must be a list of strings",
+            )
+    return tuple(value)
+
+
+def _bounds(value: object) -> tuple[float | int, ...]:
+    """Strictly ascending finite numbers within the int64 range; null means the default.
+
+    The values are kept as given (int or float) because the CSV header prints them with str().
+    """
+    key = "grad_probe.bounds"
+    default = GradProbeConfig.bounds
+    if value is None:
+        return default
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(
+            key, value, f"a list of strictly ascending numbers (got a {_type_name(value)})", hint="write e.g. [-1, 0, 1]"
+        )
+    if not value:
+        # B-G1: the reference accepts [] and then writes rows one cell wider than the header.
+        raise ConfigError(
+            key, value, "a non-empty list of strictly ascending numbers", hint="write e.g. [-1, 0, 1] (the default)"
+        )
+    allowed = f"a finite number (int or float, not a boolean) in [{_INT64_MIN}, {_INT64_MAX}]"
+    for i, item in enumerate(value):
+        item_key = f"{key}[{i}]"
+        if isinstance(item, bool) or not isinstance(item, (int, float)):
+            raise ConfigError(item_key, item, f"{allowed} (got a {_type_name(item)})")
+        if isinstance(item, float) and not math.isfinite(item):
+            raise ConfigError(item_key, item, allowed)
+        if not _INT64_MIN <= item <= _INT64_MAX:
+            raise ConfigError(item_key, item, allowed)
+        if i and not value[i - 1] < item:
+            raise ConfigError(
+                item_key,
+                item,
+                f"greater than the previous bound {value[i - 1]!r}: {key} must be strictly ascending",
+                hint=f"write {json.dumps(sorted(set(value)))}" if len(set(value)) > 1 else "",
+            )
+    return tuple(value)
+
+
+def _grad_probe(gp: Mapping[Any, Any]) -> GradProbeConfig:
+    """Validate the grad_probe section (spec grad_probe_online_dispatch.md §1.2, plus B-G1)."""
+    return GradProbeConfig(
+        grad_level=_grad_level(gp.get("grad_level")),
+        param_list=_param_list(gp.get("param_list")),
+        bounds=_bounds(gp.get("bounds")),
+    )
+
+
 def load_config(
     source: PathSource | Mapping[str, Any] | None = None,
     *,
@@ -557,24 +678,28 @@ def load_config(
     ``source`` is a path to a ``.json`` file, an already-parsed mapping, or None (empty config).
     Precedence, lowest first: the file, ``overrides``, then the ``task``/``dump_path``/``step``
     keyword arguments (None = not given). ``overrides`` takes top-level keys (``"rank"``,
-    ``"level"``, ``"strict"``, ...) and free_benchmark keys either plainly (``"pert_mode"``) or
-    dotted (``"free_benchmark.pert_mode"``); every value is validated exactly like a file value.
+    ``"level"``, ``"strict"``, ...) and free_benchmark / grad_probe keys either plainly
+    (``"pert_mode"``, ``"grad_level"``) or dotted (``"free_benchmark.pert_mode"``,
+    ``"grad_probe.bounds"``); every value is validated exactly like a file value.
     """
     raw = _read_source(source)
     _warn_unknown(raw.keys(), _KNOWN_TOP_LEVEL_KEYS, "")
 
     fb = _section(raw, "free_benchmark") or {}
     _warn_unknown(fb.keys(), FREE_BENCHMARK_KEYS, "free_benchmark.")
-    extra: dict[str, Mapping[str, Any]] = {}
-    for name in _EXTRA_SECTION_NAMES:
-        section = _section(raw, name)
-        if section is not None:
-            extra[name] = MappingProxyType(section)
-
+    gp = _section(raw, "grad_probe")
+    gp_present = gp is not None
+    gp = gp or {}
+    _warn_unknown(gp.keys(), GRAD_PROBE_KEYS, "grad_probe.")
     if overrides is not None:
         if not isinstance(overrides, Mapping):
             raise ConfigError("overrides", overrides, "a mapping of config keys to values")
-        _apply_overrides(raw, fb, overrides)
+        gp_present = _apply_overrides(raw, fb, gp, overrides) or gp_present
+    extra: dict[str, Mapping[str, Any]] = {}
+    for name in _EXTRA_SECTION_NAMES:
+        section = (gp if gp_present else None) if name == "grad_probe" else _section(raw, name)
+        if section is not None:
+            extra[name] = MappingProxyType(section)
     if task is not None:
         raw["task"] = task
     if dump_path is not None:
@@ -591,5 +716,6 @@ def load_config(
         level=_level(raw.get("level"), task_name),
         strict=_bool("strict", raw.get("strict"), False),
         free_benchmark=_free_benchmark(fb),
+        grad_probe=_grad_probe(gp) if gp_present or task_name == "grad_probe" else None,
         extra_sections=MappingProxyType(extra),
     )

@@ -1,0 +1,135 @@
+"""Command line: ``python -m probes <subcommand> ...`` (also installed as ``msprobe-probes``).
+
+Subcommands:
+
+* ``grad-compare DIR_A DIR_B OUT [--first-step-min 0.97] [--max-drop 0.03] [--no-plots]``:
+  compare two grad_probe dumps (two dump roots holding ``rank{R}`` folders, or two rank folders),
+  write similarities.csv / similarities_picture / summary.json under OUT, print the flagged
+  parameters and the summary per step. Exit status: 0 clean, 1 when the 0.97/0.03 rule flags
+  anything or something could not be compared (a rank, step set or parameter present in one run
+  only, shape/dtype mismatch), 2 on usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+EXIT_OK = 0
+EXIT_FLAGGED = 1
+EXIT_USAGE = 2
+MAX_LINES = 20
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.6f}"
+
+
+def _print_rank(res, label: str, out) -> None:
+    from probes.grad_probe.direction_rule import rule_text
+
+    print(f"{label}: {res.dir_a} vs {res.dir_b}", file=out)
+    if not res.steps:
+        print("  no step present in both runs: nothing compared", file=out)
+        return
+    steps = res.steps
+    width = max(8, *(len(str(s)) for s in steps))
+    print("  " + "step".ljust(9) + " ".join(str(s).rjust(width) for s in steps[:MAX_LINES])
+          + (" ..." if len(steps) > MAX_LINES else ""), file=out)
+    print("  " + "summary".ljust(9) + " ".join(_fmt(res.summary[s]).rjust(width) for s in steps[:MAX_LINES]),
+          file=out)
+    if res.flags:
+        print(f"  flagged ({rule_text(res.first_step_min, res.max_drop)}); first flagged step "
+              f"{res.first_flagged_step()}:", file=out)
+        for f in res.flags[:MAX_LINES]:
+            print(f"    step {f.step}  {f.param}: {f.describe(res.first_step_min, res.max_drop)}", file=out)
+        if len(res.flags) > MAX_LINES:
+            print(f"    ... {len(res.flags) - MAX_LINES} more in {res.out}", file=out)
+    else:
+        print("  no parameter flagged", file=out)
+    problems = res.problems()
+    if problems:
+        print(f"  {len(problems)} cells not comparable:", file=out)
+        for row, step, status in problems[:MAX_LINES]:
+            print(f"    step {step}  {row}: {status}", file=out)
+    if res.steps_only_a or res.steps_only_b:
+        print(f"  steps in one run only: a={res.steps_only_a} b={res.steps_only_b}", file=out)
+
+
+def _grad_compare(args: argparse.Namespace) -> int:
+    from probes.grad_probe.comparator import GradComparator, is_dump_root
+    from probes.grad_probe.direction_rule import check_thresholds
+
+    err = sys.stderr
+    for label, path in (("DIR_A", args.dir_a), ("DIR_B", args.dir_b)):
+        if not Path(path).exists():
+            print(f"grad-compare: error: {label} does not exist: {path}", file=err)
+            return EXIT_USAGE
+        if not Path(path).is_dir():
+            print(f"grad-compare: error: {label} is not a directory: {path}", file=err)
+            return EXIT_USAGE
+    try:
+        check_thresholds(args.first_step_min, args.max_drop)
+    except ValueError as exc:
+        print(f"grad-compare: error: {exc}", file=err)
+        return EXIT_USAGE
+    root_a, root_b = is_dump_root(args.dir_a), is_dump_root(args.dir_b)
+    if root_a != root_b:
+        print(f"grad-compare: error: DIR_A is a {'dump root' if root_a else 'rank folder'} but DIR_B is a "
+              f"{'dump root' if root_b else 'rank folder'}; pass two of the same kind", file=err)
+        return EXIT_USAGE
+    kw = dict(first_step_min=args.first_step_min, max_drop=args.max_drop, plots=not args.no_plots)
+    out = sys.stdout
+    if root_a:
+        dist = GradComparator.compare_distributed(args.dir_a, args.dir_b, args.out, **kw)
+        for rank, status in sorted(dist.rank_status.items()):
+            if rank in dist:
+                _print_rank(dist[rank], f"rank{rank}", out)
+            else:
+                print(f"rank{rank}: {status} (present in one run only)", file=out)
+        clean = dist.ok
+    else:
+        res = GradComparator.compare(args.dir_a, args.dir_b, args.out, **kw)
+        _print_rank(res, "rank", out)
+        clean = res.ok
+    print(f"results: {args.out}", file=out)
+    return EXIT_OK if clean else EXIT_FLAGGED
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from probes.grad_probe.direction_rule import FIRST_STEP_MIN, MAX_DROP
+
+    parser = argparse.ArgumentParser(prog="python -m probes", description="pytest-msprobe command line tools")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    gc = sub.add_parser("grad-compare", help="compare the gradient directions of two grad_probe dumps",
+                        description="Compare two grad_probe dumps (dump roots or rank folders). Exit status 0 when "
+                                    "clean, 1 when the rule flags a step or data could not be compared, 2 on "
+                                    "usage errors.")
+    gc.add_argument("dir_a", metavar="DIR_A", help="first dump (root with rank{R} folders, or one rank folder)")
+    gc.add_argument("dir_b", metavar="DIR_B", help="second dump, same kind as DIR_A")
+    gc.add_argument("out", metavar="OUT", help="output folder (created)")
+    gc.add_argument("--first-step-min", type=float, default=FIRST_STEP_MIN,
+                    help=f"flag a similarity below this at the first compared step (default {FIRST_STEP_MIN})")
+    gc.add_argument("--max-drop", type=float, default=MAX_DROP,
+                    help=f"flag a drop larger than this from the previous compared step (default {MAX_DROP})")
+    gc.add_argument("--no-plots", action="store_true", help="do not write similarities_picture/*.png")
+    gc.set_defaults(func=_grad_compare)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse: usage errors exit 2, --help exits 0
+        return int(exc.code or 0)
+    if getattr(args, "func", None) is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

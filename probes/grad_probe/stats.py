@@ -1,0 +1,155 @@
+"""Per-gradient statistics of grad_probe, written once over an array namespace.
+
+The caller hands in ``xp`` (array-API style: array-api-compat's torch or numpy namespace), so on
+torch the arithmetic runs on the gradient's own device. :func:`stat_vector` returns ONE small
+float64 device vector per gradient; a caller stacks the vectors of every parameter of a step and
+pays one host transfer for the whole step (:func:`split_stats` turns a host row back into
+figures). Only the "MD5" column (L0) needs the gradient's bytes on the host (:func:`crc32_hex`).
+
+Definitions (spec grad_probe_online_dispatch.md §3.2) with the fixes of §7:
+
+* max / min / norm (Frobenius) and the histogram are computed in float64 (B-G5); the reference
+  computes them in the gradient's dtype and rounds to float32 (its norm of ``[[0.5, -0.25],
+  [0.0, 2.0]]`` is 2.076655864715576, ours is sqrt(4.3125) = 2.0766559657295187; max and min of
+  float32/float16/bfloat16 gradients are exact in both). The norm is sqrt(sum x**2) in float64
+  (no rescaling: overflows only beyond ~1e154, i.e. never for float32-or-narrower gradients).
+* interval fractions for ``bounds = [b0 … b(n-1)]``: ``(-inf, b0]``, ``(b(i-1), b(i)]``,
+  ``(b(n-1), inf)``, bucketed in float64 with the bounds as given (the reference casts the bounds
+  to float32); ``-inf`` falls in the first interval, ``+inf`` and NaN in the last, as in the
+  reference. Each fraction is count / numel. ``=0`` is the fraction of elements equal to 0 (also
+  counted in the interval holding 0).
+* an empty gradient (numel 0) gives NaN max/min/norm and 0.0 fractions instead of raising (B-G6).
+
+Vector layout: ``[max, min, norm, frac_0 … frac_n, eq0]`` (fractions and eq0 only when
+``histogram`` is true, i.e. at L2). This module imports no deep-learning framework.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+#: Gradients larger than this are reduced chunk by chunk, so the float64 temporaries never cost
+#: more than 32 MiB whatever the parameter size.
+CHUNK_ELEMENTS = 1 << 22
+
+Bound = float | int
+
+
+@dataclass(frozen=True)
+class GradStats:
+    """The statistics of one parameter's gradient at one step: one row of grad_summary_{N}.csv."""
+
+    name: str
+    shape: tuple[int, ...]
+    max: float
+    min: float
+    norm: float
+    fractions: tuple[float, ...] = ()  # one per interval (L2 only)
+    zero_fraction: float | None = None  # "=0" (L2 only)
+    md5: str | None = None  # CRC-32 of float32 bytes (L0 only; see crc32_hex)
+
+
+def vector_length(bounds: Sequence[Bound], histogram: bool) -> int:
+    """Length of the vector :func:`stat_vector` returns."""
+    return 3 + (len(bounds) + 2 if histogram else 0)
+
+
+def stat_vector(
+    xp: Any, g: Any, bounds: Sequence[Bound], histogram: bool, dtype: Any = None, device: Any = None
+) -> Any:
+    """Device vector ``[max, min, norm, fractions…, eq0]`` of gradient ``g`` (any shape).
+
+    ``dtype`` is the compute dtype (default ``xp.float64``; a caller may pass float32 on a device
+    without float64). ``device`` is where the result lives (default: ``g``'s device).
+    """
+    dtype = xp.float64 if dtype is None else dtype
+    n = math.prod(g.shape)
+    if device is None:
+        device = _device(xp, g)
+    if n == 0:
+        figures = [math.nan, math.nan, math.nan] + ([0.0] * (len(bounds) + 2) if histogram else [])
+        return xp.asarray(figures, dtype=dtype, device=device)
+    flat = xp.reshape(g, (-1,))
+    parts = []
+    for start in range(0, n, CHUNK_ELEMENTS):
+        chunk = xp.astype(flat[start : start + CHUNK_ELEMENTS], dtype)
+        figures = [xp.max(chunk), xp.min(chunk), xp.sum(chunk * chunk)]
+        if histogram:
+            # cumulative counts of x <= b(i): NaN is never <= b, so it lands in the last interval
+            figures += [xp.astype(xp.count_nonzero(chunk <= b), dtype) for b in bounds]
+            figures.append(xp.astype(xp.count_nonzero(chunk == 0), dtype))
+        parts.append(xp.stack(figures))
+    acc = parts[0] if len(parts) == 1 else _combine(xp, parts)
+    out = [acc[0], acc[1], xp.sqrt(acc[2])]
+    if histogram:
+        cumulative = acc[3 : 3 + len(bounds)]
+        total = xp.asarray([float(n)], dtype=dtype, device=device)
+        # counts are integers below 2**53, so the differences are exact; each fraction is then
+        # one correctly rounded division, equal to Python's count / numel
+        edges = xp.concat([xp.zeros((1,), dtype=dtype, device=device), cumulative, total])
+        out += [edges[1:] - edges[:-1], acc[3 + len(bounds) :]]
+        head = xp.stack(out[:3])
+        return xp.concat([head, xp.concat(out[3:]) / float(n)])
+    return xp.stack(out)
+
+
+def _combine(xp: Any, parts: list[Any]) -> Any:
+    stacked = xp.stack(parts)
+    return xp.concat(
+        [
+            xp.reshape(xp.max(stacked[:, 0]), (1,)),
+            xp.reshape(xp.min(stacked[:, 1]), (1,)),
+            xp.sum(stacked[:, 2:], axis=0),
+        ]
+    )
+
+
+def _device(xp: Any, g: Any) -> Any:
+    try:
+        return g.device
+    except AttributeError:  # numpy < 2 arrays have no .device
+        return None
+
+
+def split_stats(
+    name: str,
+    shape: Sequence[int],
+    row: Sequence[float],
+    bounds: Sequence[Bound],
+    histogram: bool,
+    md5: str | None = None,
+) -> GradStats:
+    """A :class:`GradStats` record from a host copy of one :func:`stat_vector`."""
+    row = [float(v) for v in row]
+    fractions: tuple[float, ...] = ()
+    zero: float | None = None
+    if histogram:
+        fractions = tuple(row[3 : 3 + len(bounds) + 1])
+        zero = row[3 + len(bounds) + 1]
+    return GradStats(
+        name=name,
+        shape=tuple(int(s) for s in shape),
+        max=row[0],
+        min=row[1],
+        norm=row[2],
+        fractions=fractions,
+        zero_fraction=zero,
+        md5=md5,
+    )
+
+
+def crc32_hex(values: Any) -> str:
+    """The reference's "MD5" column: CRC-32 of the float32 little-endian C-order bytes, 8 hex digits.
+
+    It is not an MD5 (B-G2: the column name is kept for file compatibility); float64 gradients are
+    rounded to float32 first, as in the reference, so distinct float64 gradients can share a value.
+    ``values`` is anything numpy can turn into an array (a host copy of the gradient).
+    """
+    import numpy as np  # host-side only; numpy is a dependency of every supported framework
+
+    arr = np.ascontiguousarray(np.asarray(values), dtype="<f4")
+    return f"{zlib.crc32(memoryview(arr).cast('B')) & 0xFFFFFFFF:08x}"

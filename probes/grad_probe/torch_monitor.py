@@ -1,0 +1,422 @@
+"""The PyTorch gradient monitor: per-parameter gradient statistics just before each optimizer step.
+
+``GradMonitor(config, model_or_params, optimizers=None)`` writes, for every selected step,
+``{dump_path}/rank{R}/grad_summary_{N}.csv`` (and at L1/L2 ``rank{R}/step{N}/{param}.npy``) in the
+reference's format (see :mod:`probes.grad_probe.csv_format`), plus ``rank{R}/summary.json``.
+
+Differences from msprobe 8.3.3 (spec grad_probe_online_dispatch.md §2.1, §7):
+
+* B-G3: only the model's own optimizers are hooked. With ``optimizers=`` given, each gets an
+  ``optimizer.register_step_pre_hook``; otherwise one global step pre-hook is installed whose
+  handler ignores every optimizer holding none of the monitored parameters. Steps are counted per
+  optimizer. **Step number with several optimizers:** the monitor's step N is the number of
+  ``step()`` calls already entered by the *lead* optimizer, the first of the model's optimizers
+  that stepped; the statistics of all selected parameters are taken in the lead's pre-hook, and
+  the other optimizers' steps only advance their own counters. So a model with one optimizer per
+  layer gives steps 0, 1, 2 … once per iteration, not once per optimizer. Calling ``monitor()``
+  again adds parameters/optimizers without adding hooks; :meth:`GradMonitor.stop` removes every
+  hook handle.
+* B-G4: the rank is resolved at the first hook call, not at ``monitor()`` time. The rank filter
+  applies whether or not a process group exists (rank 0 without one), as for free_benchmark.
+* B-G5/B-G6: statistics in float64 on the gradient's device, one host transfer per device per
+  step; empty gradients give a row of NaN statistics instead of an exception.
+* B-G11: a parameter whose gradient is None is logged once (not every step); it has no CSV row
+  and is listed per step in ``summary.json`` ``params_without_grad``.
+* ``param_list`` names matching no parameter raise ConfigError with close matches (the reference
+  ignores them silently).
+* Errors inside the hook are recorded in ``summary.json`` ``errors`` and never reach the training
+  loop unless ``config.strict``.
+* ``param.main_grad`` (Megatron-style fp32 main gradient) is read when present and not None,
+  else ``param.grad``. Sparse gradients are densified first.
+"""
+
+from __future__ import annotations
+
+import atexit
+import difflib
+import logging
+import time
+import weakref
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from probes.backends.torch_backend import BACKEND
+from probes.core.config import GradProbeConfig, ProbeConfig
+from probes.core.errors import ConfigError, ProbeError
+from probes.core.writers import write_json_atomic
+from probes.grad_probe import csv_format, stats
+
+__all__ = ["GradMonitor"]
+
+log = logging.getLogger("probes.grad_probe")
+
+#: summary.json is rewritten after a dumped step at most this often (and always at stop()).
+SUMMARY_INTERVAL_S = 5.0
+#: At most this many error records are kept (the rest are counted).
+MAX_ERRORS = 1000
+
+_ACTIVE: weakref.WeakSet[GradMonitor] = weakref.WeakSet()
+
+
+class GradMonitor:
+    """Gradient statistics of a model's parameters, taken just before each optimizer step.
+
+    ``model_or_params``: an ``nn.Module`` (its ``named_parameters()``), an ``Optimizer`` (its
+    parameters, and that optimizer is the one hooked), a mapping name -> parameter, or an iterable
+    of ``(name, parameter)`` pairs or of bare parameters (named by position). ``optimizers``: an
+    optimizer or a list of them to hook; None = find the model's optimizers when they step.
+    """
+
+    def __init__(
+        self,
+        config: ProbeConfig,
+        model_or_params: Any = None,
+        optimizers: Any = None,
+        *,
+        backend: Any = BACKEND,
+    ) -> None:
+        self.config = config
+        self.gp: GradProbeConfig = config.grad_probe or GradProbeConfig()
+        self.level = self.gp.grad_level
+        self.bounds = self.gp.bounds
+        self.histogram = self.level == "L2"
+        self.dump_path = Path(config.dump_path)
+        self.backend = backend
+        self.rank: int | None = None
+        self.current_step: int | None = None  # the lead optimizer's last step index
+
+        self._names: dict[int, str] = {}  # id(param) -> name, every registered parameter
+        self._params: list[tuple[str, torch.Tensor]] = []  # every registered parameter, in order
+        self._explicit: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+        self._owner_cache: weakref.WeakKeyDictionary[torch.optim.Optimizer, bool] = weakref.WeakKeyDictionary()
+        self._counts: weakref.WeakKeyDictionary[torch.optim.Optimizer, int] = weakref.WeakKeyDictionary()
+        self._lead: weakref.ref[torch.optim.Optimizer] | None = None
+        self._handles: list[Any] = []
+        self._global_handle: Any = None
+        self._closed = False
+
+        self.steps_written: list[int] = []
+        self.params_without_grad: dict[int, list[str]] = {}
+        self.errors: list[dict[str, Any]] = []
+        self.errors_dropped = 0
+        self._logged_none: set[str] = set()
+        self._last_summary = 0.0
+        self._dirty = False
+
+        if model_or_params is not None or optimizers is not None:
+            self.monitor(model_or_params, optimizers)
+
+    # ------------------------------------------------------------------ setup
+    def monitor(self, model_or_params: Any = None, optimizers: Any = None, *, names_from: Any = None) -> GradMonitor:
+        """Add parameters and/or optimizers and make sure the hooks are installed (once).
+
+        ``names_from``: an ``nn.Module`` whose ``named_parameters()`` name the parameters of an
+        optimizer passed as ``model_or_params`` (otherwise they are called ``group{g}.param{i}``).
+        """
+        if self._closed:
+            raise ProbeError("this GradMonitor was stopped; create a new one")
+        opts = _as_optimizers(optimizers)
+        if isinstance(model_or_params, torch.optim.Optimizer):
+            opts.insert(0, model_or_params)
+            named = self._optimizer_params(model_or_params, names_from)
+        else:
+            named = _named_params(model_or_params)
+        known = {id(p) for _, p in self._params}
+        for name, p in named:
+            if id(p) not in known:
+                known.add(id(p))
+                self._params.append((name, p))
+                self._names[id(p)] = name
+        self._check_param_list()
+        self._owner_cache = weakref.WeakKeyDictionary()  # ownership may have changed
+        for opt in opts:
+            if opt not in self._explicit:
+                self._explicit.add(opt)
+                self._handles.append(opt.register_step_pre_hook(self._optimizer_hook))
+        if not opts and not len(self._explicit) and self._global_handle is None:
+            self._global_handle = register_optimizer_step_pre_hook(self._global_hook)
+        _ACTIVE.add(self)
+        return self
+
+    def _optimizer_params(self, opt: torch.optim.Optimizer, names_from: Any = None) -> list[tuple[str, torch.Tensor]]:
+        """An optimizer's parameters, named from ``names_from`` (a module) or earlier registrations
+        when possible, else ``group{g}.param{i}``; in ``names_from`` order when it is given."""
+        names = dict(self._names)
+        order: dict[int, int] = {}
+        if isinstance(names_from, torch.nn.Module):
+            for k, (n, p) in enumerate(names_from.named_parameters()):
+                names.setdefault(id(p), n)
+                order.setdefault(id(p), k)
+        out = []
+        for g, group in enumerate(opt.param_groups):
+            for i, p in enumerate(group["params"]):
+                out.append((names.get(id(p), f"group{g}.param{i}"), p))
+        if order:
+            out.sort(key=lambda item: order.get(id(item[1]), len(order)))
+        return out
+
+    def _check_param_list(self) -> None:
+        if not self.gp.param_list:
+            return
+        names = [n for n, _ in self._params]
+        present = set(names)
+        for i, wanted in enumerate(self.gp.param_list):
+            if wanted not in present:
+                close = difflib.get_close_matches(wanted, names, n=3, cutoff=0.6)
+                hint = ("did you mean " + " or ".join(f'"{c}"' for c in close) + "?") if close else (
+                    "parameter names look like " + ", ".join(f'"{n}"' for n in names[:3])
+                )
+                raise ConfigError(
+                    f"grad_probe.param_list[{i}]",
+                    wanted,
+                    f"the exact name of a monitored parameter (model.named_parameters()); "
+                    f"{len(names)} parameters are known",
+                    hint=hint,
+                )
+
+    @property
+    def selected(self) -> list[tuple[str, torch.Tensor]]:
+        """The monitored (name, parameter) pairs, in registration order."""
+        if not self.gp.param_list:
+            return list(self._params)
+        wanted = set(self.gp.param_list)
+        return [(n, p) for n, p in self._params if n in wanted]
+
+    # ------------------------------------------------------------------ hooks
+    def _global_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if optimizer in self._explicit:  # it has its own hook
+            return
+        owns = self._owner_cache.get(optimizer)
+        if owns is None:
+            owns = any(id(p) in self._names for group in optimizer.param_groups for p in group["params"])
+            self._owner_cache[optimizer] = owns
+        if owns:
+            self._on_step(optimizer)
+
+    def _optimizer_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self._on_step(optimizer)
+
+    def _on_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self._closed:
+            return
+        count = self._counts.get(optimizer, -1) + 1
+        self._counts[optimizer] = count
+        lead = self._lead() if self._lead is not None else None
+        if lead is None:
+            self._lead = weakref.ref(optimizer)
+        elif lead is not optimizer:
+            return
+        self.current_step = count
+        try:
+            if self.rank is None:
+                self.rank = int(self.backend.rank())
+            if not (self.config.selects_rank(self.rank) and self.config.selects_step(count)):
+                return
+            self._dump(count)
+        except Exception as exc:  # never break the training loop unless strict
+            self._record_error(count, None, exc)
+            if self.config.strict:
+                raise ProbeError(f"grad_probe failed at step {count}: {exc}") from exc
+
+    # ------------------------------------------------------------------ one step
+    def _dump(self, step: int) -> None:
+        rank = self.rank or 0
+        xp = None
+        pending: list[tuple[str, torch.Tensor, Any, str | None]] = []  # name, grad, device vector, md5
+        missing: list[str] = []
+        with torch.no_grad():
+            for name, p in self.selected:
+                g = _grad_of(p)
+                if g is None:
+                    missing.append(name)
+                    if name not in self._logged_none:
+                        self._logged_none.add(name)
+                        log.info("grad_probe: parameter %s has no gradient at step %d (logged once)", name, step)
+                    continue
+                try:
+                    g = g.detach()
+                    if g.layout != torch.strided:
+                        g = g.to_dense()
+                    xp = xp or self.backend.namespace(g)
+                    vec = stats.stat_vector(xp, g, self.bounds, self.histogram, dtype=_compute_dtype(g))
+                    md5 = None
+                    if self.level == "L0":
+                        md5 = stats.crc32_hex(g.to(dtype=torch.float32).cpu().numpy())
+                    else:
+                        positive = (g > 0).cpu().numpy()  # the bool is computed on the device: 1 byte/elt crosses
+                        csv_format.write_direction(csv_format.direction_path(self.dump_path, rank, step, name), positive)
+                    pending.append((name, g, vec, md5))
+                except Exception as exc:
+                    if self.config.strict:
+                        raise  # recorded once, by _on_step
+                    self._record_error(step, name, exc)
+            rows = self._to_host([v for _, _, v, _ in pending])
+        records = [
+            stats.split_stats(name, tuple(g.shape), row, self.bounds, self.histogram, md5)
+            for (name, g, _, md5), row in zip(pending, rows)
+        ]
+        csv_format.write_summary_csv(
+            csv_format.summary_csv_path(self.dump_path, rank, step), self.level, self.bounds, records
+        )
+        if missing:
+            self.params_without_grad[step] = missing
+        self.steps_written.append(step)
+        self._dirty = True
+        if time.monotonic() - self._last_summary >= SUMMARY_INTERVAL_S:
+            self.write_summary()
+
+    @staticmethod
+    def _to_host(vectors: list[Any]) -> list[list[float]]:
+        """One host copy per device for every parameter's vector of the step."""
+        out: list[list[float]] = [[] for _ in vectors]
+        by_device: dict[Any, list[int]] = {}
+        for i, v in enumerate(vectors):
+            by_device.setdefault(v.device, []).append(i)
+        for idx in by_device.values():
+            host = torch.stack([vectors[i].to(torch.float64) for i in idx]).tolist()
+            for i, row in zip(idx, host):
+                out[i] = row
+        return out
+
+    def _record_error(self, step: int | None, param: str | None, exc: BaseException) -> None:
+        log.warning("grad_probe: error at step %s%s: %r", step, f" ({param})" if param else "", exc)
+        self._dirty = True
+        if len(self.errors) >= MAX_ERRORS:
+            self.errors_dropped += 1
+            return
+        self.errors.append({"step": step, "param": param, "error": f"{type(exc).__name__}: {exc}"})
+
+    # ------------------------------------------------------------------ results
+    @property
+    def summary_path(self) -> Path:
+        return self.dump_path / f"rank{self.rank or 0}" / "summary.json"
+
+    def summary(self) -> dict[str, Any]:
+        names = [n for n, _ in self.selected]
+        return {
+            "tool": "grad_probe",
+            "framework": "pytorch",
+            "rank": self.rank or 0,
+            "level": self.level,
+            "bounds": list(self.bounds),
+            "compute_dtype": "float64",
+            "params": names,
+            "file_names": {n: csv_format.file_name_for_param(n) for n in names
+                           if csv_format.file_name_for_param(n) != n},
+            "steps_written": list(self.steps_written),
+            "optimizer_steps": 0 if self.current_step is None else self.current_step + 1,
+            "params_without_grad": {str(k): v for k, v in self.params_without_grad.items()},
+            "errors": list(self.errors),
+            "errors_dropped": self.errors_dropped,
+            "config": self.config.to_dict(),
+        }
+
+    def write_summary(self) -> Path | None:
+        """Write ``rank{R}/summary.json`` (atomically) if the config selects this rank."""
+        if self.rank is None:
+            try:
+                self.rank = int(self.backend.rank())
+            except Exception:  # pragma: no cover - the backend has no failing path today
+                return None
+        if not self.config.selects_rank(self.rank):
+            return None
+        self._last_summary = time.monotonic()
+        self._dirty = False
+        return write_json_atomic(self.summary_path, self.summary())
+
+    # ------------------------------------------------------------------ teardown
+    def remove(self) -> None:
+        """Remove every hook this monitor installed. Idempotent."""
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        if self._global_handle is not None:
+            self._global_handle.remove()
+            self._global_handle = None
+
+    def stop(self) -> None:
+        """Remove the hooks and write summary.json. The monitor records nothing afterwards."""
+        if self._closed:
+            return
+        self.remove()
+        self._closed = True
+        _ACTIVE.discard(self)
+        try:
+            self.write_summary()
+        except Exception as exc:
+            if self.config.strict:
+                raise
+            log.warning("grad_probe: could not write summary.json: %r", exc)
+
+    close = stop
+
+    @property
+    def running(self) -> bool:
+        return not self._closed and (bool(self._handles) or self._global_handle is not None)
+
+    def __enter__(self) -> GradMonitor:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+# ---------------------------------------------------------------------- helpers
+def _grad_of(p: torch.Tensor) -> torch.Tensor | None:
+    g = getattr(p, "main_grad", None)
+    return g if g is not None else p.grad
+
+
+def _compute_dtype(g: torch.Tensor) -> torch.dtype:
+    # Apple's MPS has no float64; everything else computes in float64 (B-G5).
+    return torch.float32 if g.device.type == "mps" else torch.float64
+
+
+def _as_optimizers(optimizers: Any) -> list[torch.optim.Optimizer]:
+    if optimizers is None:
+        return []
+    if isinstance(optimizers, torch.optim.Optimizer):
+        return [optimizers]
+    out = list(optimizers)
+    for o in out:
+        if not isinstance(o, torch.optim.Optimizer):
+            raise TypeError(f"optimizers must be torch.optim.Optimizer instances, got {type(o).__name__}")
+    return out
+
+
+def _named_params(obj: Any) -> list[tuple[str, torch.Tensor]]:
+    if obj is None:
+        return []
+    if isinstance(obj, torch.nn.Module):
+        return list(obj.named_parameters())
+    if isinstance(obj, torch.Tensor):
+        return [("0", obj)]
+    if isinstance(obj, Mapping):
+        return [(str(k), v) for k, v in obj.items()]
+    if isinstance(obj, Iterable):
+        out = []
+        for i, item in enumerate(obj):
+            if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
+                out.append((item[0], item[1]))
+            elif isinstance(item, torch.Tensor):
+                out.append((str(i), item))
+            else:
+                raise TypeError(f"expected (name, parameter) pairs or parameters, got {type(item).__name__}")
+        return out
+    raise TypeError(
+        f"GradMonitor needs an nn.Module, an Optimizer, a mapping or an iterable of parameters, got {type(obj).__name__}"
+    )
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    for m in list(_ACTIVE):
+        try:
+            if m._dirty:
+                m.write_summary()
+        except Exception:  # pragma: no cover - best effort at interpreter exit
+            pass

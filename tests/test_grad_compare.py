@@ -460,3 +460,11 @@ def test_progress_counter_on_stderr(pair, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "tqdm", None)  # force the fallback counter
     GradComparator.compare(a / "rank0", b / "rank0", None, progress=True)
     assert "calculate similarities (by step): 12/12" in capsys.readouterr().err
+
+
+def test_l0_empty_gradient_with_equal_hash_is_similar(tmp_path):
+    run = {0: {"e": np.zeros((0,)), "w": np.ones(3)}}
+    write_rank(tmp_path / "a", run, level="L0")
+    write_rank(tmp_path / "b", run, level="L0")
+    res = GradComparator.compare(tmp_path / "a", tmp_path / "b", None)
+    assert res.similarity["e"] == {0: 1.0} and res.summary == {0: 1.0} and res.flags == []

@@ -21,3 +21,14 @@ def test_importing_probes_and_the_plugin_imports_no_framework():
 def test_plugin_is_registered_as_pytest11_entry_point():
     eps = [ep for ep in metadata.entry_points(group="pytest11") if ep.name == "msprobe"]
     assert eps and eps[0].value == "pytest_msprobe.plugin"
+
+
+def test_msprobe_compatible_top_level_names_load_lazily():
+    mods = _modules_after("import probes, pytest_msprobe")
+    assert "numpy" not in mods and "matplotlib" not in mods
+    mods = _modules_after(
+        "from probes import GradComparator, assert_grad_directions_close\n"
+        "from pytest_msprobe import assert_grad_directions_close as a2\n"
+        "assert a2 is assert_grad_directions_close and hasattr(GradComparator, 'compare_distributed')"
+    )
+    assert "torch" not in mods

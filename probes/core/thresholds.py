@@ -68,3 +68,9 @@ SINGLE_BENCHMARK = {
 
 def single_benchmark_threshold(dtype_name: str) -> SingleBenchmarkThreshold:
     return SINGLE_BENCHMARK.get(dtype_name, SINGLE_BENCHMARK["float32"])
+
+
+# grad_probe's direction rule (msprobe docs): a gradient-direction similarity below 0.97 at the
+# first compared step, or a drop of more than 0.03 between compared steps, marks a problem.
+DIRECTION_FIRST_STEP_MIN = 0.97
+DIRECTION_MAX_DROP = 0.03

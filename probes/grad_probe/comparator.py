@@ -547,7 +547,8 @@ def _compare_rank(a: Path, b: Path, first_step_min: float, max_drop: float,
         elif has_b and not has_a:
             only_b.append(n)
         else:
-            res.notes.append(f"step {n}: no direction files and no MD5 column on both sides; not compared")
+            res.notes.append(f"step {n}: no comparable data (direction files in both runs, or an MD5 column in both "
+                             "runs' CSVs); not compared")
     res.steps = sorted(res.mode)
     res.steps_only_a, res.steps_only_b = only_a, only_b
     if only_a or only_b:
@@ -604,7 +605,10 @@ def _compare_rank(a: Path, b: Path, first_step_min: float, max_drop: float,
             status, same, total = _compare_md5(p, step_csv("a", n), step_csv("b", n))
         res.status[p][n] = status
         if status in RULED or status == EMPTY:
-            res.similarity[p][n] = same / total if total else 0.0
+            if status == MD5_EQUAL or status == MD5_DIFFERS:
+                res.similarity[p][n] = 1.0 if status == MD5_EQUAL else 0.0
+            else:
+                res.similarity[p][n] = same / total if total else 0.0
             res.counts[p][n] = (same, total)
             acc = sums[n]
             acc[0] += same

@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Union
 
-FIRST_STEP_MIN = 0.97
-MAX_DROP = 0.03
+from probes.core.thresholds import DIRECTION_FIRST_STEP_MIN as FIRST_STEP_MIN
+from probes.core.thresholds import DIRECTION_MAX_DROP as MAX_DROP
+
 ROUNDING_SLACK = 1e-12
 
 REASON_FIRST_STEP = "below_first_step_min"

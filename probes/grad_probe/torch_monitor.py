@@ -104,6 +104,7 @@ class GradMonitor:
         self.errors: list[dict[str, Any]] = []
         self.errors_dropped = 0
         self._logged_none: set[str] = set()
+        self._compute_dtypes: set[str] = set()
         self._last_summary = 0.0
         self._dirty = False
 
@@ -239,10 +240,14 @@ class GradMonitor:
                     continue
                 try:
                     g = g.detach()
+                    if not g.is_floating_point():
+                        raise TypeError(f"gradient of dtype {g.dtype} is not a real floating-point tensor")
                     if g.layout != torch.strided:
                         g = g.to_dense()
                     xp = xp or self.backend.namespace(g)
-                    vec = stats.stat_vector(xp, g, self.bounds, self.histogram, dtype=_compute_dtype(g))
+                    dtype = _compute_dtype(g)
+                    self._compute_dtypes.add(str(dtype).replace("torch.", ""))
+                    vec = stats.stat_vector(xp, g, self.bounds, self.histogram, dtype=dtype)
                     md5 = None
                     if self.level == "L0":
                         md5 = stats.crc32_hex(g.to(dtype=torch.float32).cpu().numpy())
@@ -303,7 +308,7 @@ class GradMonitor:
             "rank": self.rank or 0,
             "level": self.level,
             "bounds": list(self.bounds),
-            "compute_dtype": "float64",
+            "compute_dtype": "/".join(sorted(self._compute_dtypes)) or "float64",
             "params": names,
             "file_names": {n: csv_format.file_name_for_param(n) for n in names
                            if csv_format.file_name_for_param(n) != n},

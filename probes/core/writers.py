@@ -66,15 +66,19 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
-def write_json_atomic(path: str | os.PathLike, data: Any) -> Path:
-    """Write JSON through a temporary file and a rename, so a reader never sees half a file."""
+def write_text_atomic(path: str | os.PathLike, text: str, encoding: str = "utf-8", mode: int | None = None) -> Path:
+    """Write a file through a temporary file and a rename, so a reader never sees half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(_json_safe(data), fh, indent=2, sort_keys=False)
-            fh.write("\n")
+        with os.fdopen(fd, "w", encoding=encoding, newline="") as fh:
+            fh.write(text)
+        if mode is not None:
+            try:
+                os.chmod(tmp, mode)
+            except OSError:
+                pass
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -83,6 +87,11 @@ def write_json_atomic(path: str | os.PathLike, data: Any) -> Path:
             pass
         raise
     return path
+
+
+def write_json_atomic(path: str | os.PathLike, data: Any) -> Path:
+    """JSON (non-finite floats as strings) written atomically."""
+    return write_text_atomic(path, json.dumps(_json_safe(data), indent=2) + "\n")
 
 
 def read_csv_rows(path: str | os.PathLike) -> list[dict[str, str]]:

@@ -20,12 +20,12 @@ import csv
 import io
 import os
 import re
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
+from probes.core.writers import write_text_atomic
 from probes.grad_probe.stats import Bound, GradStats
 
 FILE_MODE = 0o640
@@ -133,19 +133,7 @@ def make_dirs(path: Path) -> None:
 
 def _write_text_atomic(path: Path, text: str) -> Path:
     make_dirs(path.parent)
-    fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding=ENCODING, newline="") as fh:
-            fh.write(text)
-        _chmod(Path(tmp), FILE_MODE)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return path
+    return write_text_atomic(path, text, encoding=ENCODING, mode=FILE_MODE)
 
 
 def _chmod(path: Path, mode: int) -> None:

@@ -1,0 +1,129 @@
+"""An array-API-style namespace over MindSpore, so the core's formulas run on MindSpore tensors.
+
+Only the functions the core uses (probes/core/metrics.py, probes/grad_probe/stats.py,
+probes/free_benchmark/perturbations.py) are provided, with array-API names and semantics.
+Imported only by MindSpore-facing code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mindspore as ms
+import mindspore.common.dtype as mstype
+from mindspore import Tensor, ops
+
+float16 = mstype.float16
+bfloat16 = mstype.bfloat16
+float32 = mstype.float32
+float64 = mstype.float64
+int16 = mstype.int16
+int32 = mstype.int32
+int64 = mstype.int64
+bool = mstype.bool_  # noqa: A001 - array-API name
+
+
+def _t(x: Any, like: Any = None) -> Any:
+    if isinstance(x, Tensor):
+        return x
+    dtype = like.dtype if isinstance(like, Tensor) else None
+    return Tensor(x, dtype=dtype)
+
+
+def abs(x: Any) -> Any:  # noqa: A001
+    return ops.abs(x)
+
+
+def maximum(x: Any, y: Any) -> Any:
+    return ops.maximum(x, _t(y, x))
+
+
+def where(cond: Any, x: Any, y: Any) -> Any:
+    return ops.where(cond, _t(x, y if isinstance(y, Tensor) else None), _t(y, x if isinstance(x, Tensor) else None))
+
+
+def isfinite(x: Any) -> Any:
+    return ops.isfinite(x)
+
+
+def isnan(x: Any) -> Any:
+    return ops.isnan(x)
+
+
+def max(x: Any, axis: Any = None) -> Any:  # noqa: A001
+    return ops.amax(x) if axis is None else ops.amax(x, axis)
+
+
+def min(x: Any, axis: Any = None) -> Any:  # noqa: A001
+    return ops.amin(x) if axis is None else ops.amin(x, axis)
+
+
+def sum(x: Any, axis: Any = None, dtype: Any = None) -> Any:  # noqa: A001
+    if dtype is not None:
+        x = x.astype(dtype)
+    return ops.sum(x) if axis is None else ops.sum(x, axis)
+
+
+def mean(x: Any) -> Any:
+    return ops.mean(x)
+
+
+def sqrt(x: Any) -> Any:
+    return ops.sqrt(x)
+
+
+def stack(xs: Any, axis: int = 0) -> Any:
+    return ops.stack([_t(x) for x in xs], axis)
+
+
+def concat(xs: Any, axis: int = 0) -> Any:
+    return ops.cat([_t(x) for x in xs], axis)
+
+
+def reshape(x: Any, shape: Any) -> Any:
+    return ops.reshape(x, shape)
+
+
+def astype(x: Any, dtype: Any, copy: bool = True) -> Any:  # noqa: FBT001
+    return x.astype(dtype)
+
+
+def asarray(x: Any, dtype: Any = None, device: Any = None) -> Any:
+    return Tensor(x, dtype=dtype) if not isinstance(x, Tensor) else (x if dtype is None else x.astype(dtype))
+
+
+def zeros(shape: Any, dtype: Any = None, device: Any = None) -> Any:
+    return ops.zeros(shape, dtype or float32)
+
+
+def zeros_like(x: Any) -> Any:
+    return ops.zeros_like(x)
+
+
+def ones_like(x: Any) -> Any:
+    return ops.ones_like(x)
+
+
+def full_like(x: Any, value: float) -> Any:
+    return ops.full_like(x, value)
+
+
+def count_nonzero(x: Any, axis: Any = None) -> Any:
+    return ops.sum(x.astype(int64)) if axis is None else ops.sum(x.astype(int64), axis)
+
+
+def bitwise_xor(x: Any, y: Any) -> Any:
+    return ops.bitwise_xor(x, y)
+
+
+def warm_up() -> None:
+    """MindSpore 2.x with NumPy 2 fails the first operator of a process once with
+    'numpy.core.multiarray failed to import'; run one throw-away operator so users' first
+    call does not."""
+    try:
+        _ = Tensor([1.0], dtype=float32) > 0
+    except Exception:  # the expected one-time failure
+        pass
+
+
+_ = ms  # the namespace keeps mindspore imported for callers that only hold this module

@@ -32,37 +32,26 @@ Differences from msprobe 8.3.3 (spec grad_probe_online_dispatch.md §2.1, §7):
 
 from __future__ import annotations
 
-import atexit
-import difflib
 import logging
-import time
 import weakref
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from probes.backends.torch_backend import BACKEND
-from probes.core.config import GradProbeConfig, ProbeConfig
-from probes.core.errors import ConfigError, ProbeError
-from probes.core.writers import write_json_atomic
+from probes.core.config import ProbeConfig
+from probes.core.errors import ProbeError
 from probes.grad_probe import csv_format, stats
+from probes.grad_probe.monitor_common import MAX_ERRORS, SUMMARY_INTERVAL_S, MonitorBase, check_param_list  # noqa: F401 - MAX_ERRORS, SUMMARY_INTERVAL_S re-exported
 
 __all__ = ["GradMonitor"]
 
 log = logging.getLogger("probes.grad_probe")
 
-#: summary.json is rewritten after a dumped step at most this often (and always at stop()).
-SUMMARY_INTERVAL_S = 5.0
-#: At most this many error records are kept (the rest are counted).
-MAX_ERRORS = 1000
 
-_ACTIVE: weakref.WeakSet[GradMonitor] = weakref.WeakSet()
-
-
-class GradMonitor:
+class GradMonitor(MonitorBase):
     """Gradient statistics of a model's parameters, taken just before each optimizer step.
 
     ``model_or_params``: an ``nn.Module`` (its ``named_parameters()``), an ``Optimizer`` (its
@@ -70,6 +59,8 @@ class GradMonitor:
     of ``(name, parameter)`` pairs or of bare parameters (named by position). ``optimizers``: an
     optimizer or a list of them to hook; None = find the model's optimizers when they step.
     """
+
+    framework = "pytorch"
 
     def __init__(
         self,
@@ -79,15 +70,8 @@ class GradMonitor:
         *,
         backend: Any = BACKEND,
     ) -> None:
-        self.config = config
-        self.gp: GradProbeConfig = config.grad_probe or GradProbeConfig()
-        self.level = self.gp.grad_level
-        self.bounds = self.gp.bounds
-        self.histogram = self.level == "L2"
-        self.dump_path = Path(config.dump_path)
+        self._init_common(config)
         self.backend = backend
-        self.rank: int | None = None
-        self.current_step: int | None = None  # the lead optimizer's last step index
 
         self._names: dict[int, str] = {}  # id(param) -> name, every registered parameter
         self._params: list[tuple[str, torch.Tensor]] = []  # every registered parameter, in order
@@ -97,16 +81,7 @@ class GradMonitor:
         self._lead: weakref.ref[torch.optim.Optimizer] | None = None
         self._handles: list[Any] = []
         self._global_handle: Any = None
-        self._closed = False
-
-        self.steps_written: list[int] = []
-        self.params_without_grad: dict[int, list[str]] = {}
-        self.errors: list[dict[str, Any]] = []
-        self.errors_dropped = 0
         self._logged_none: set[str] = set()
-        self._compute_dtypes: set[str] = set()
-        self._last_summary = 0.0
-        self._dirty = False
 
         if model_or_params is not None or optimizers is not None:
             self.monitor(model_or_params, optimizers)
@@ -140,7 +115,7 @@ class GradMonitor:
                 self._handles.append(opt.register_step_pre_hook(self._optimizer_hook))
         if not opts and not len(self._explicit) and self._global_handle is None:
             self._global_handle = register_optimizer_step_pre_hook(self._global_hook)
-        _ACTIVE.add(self)
+        self._activate()
         return self
 
     def _optimizer_params(self, opt: torch.optim.Optimizer, names_from: Any = None) -> list[tuple[str, torch.Tensor]]:
@@ -161,23 +136,7 @@ class GradMonitor:
         return out
 
     def _check_param_list(self) -> None:
-        if not self.gp.param_list:
-            return
-        names = [n for n, _ in self._params]
-        present = set(names)
-        for i, wanted in enumerate(self.gp.param_list):
-            if wanted not in present:
-                close = difflib.get_close_matches(wanted, names, n=3, cutoff=0.6)
-                hint = ("did you mean " + " or ".join(f'"{c}"' for c in close) + "?") if close else (
-                    "parameter names look like " + ", ".join(f'"{n}"' for n in names[:3])
-                )
-                raise ConfigError(
-                    f"grad_probe.param_list[{i}]",
-                    wanted,
-                    f"the exact name of a monitored parameter (model.named_parameters()); "
-                    f"{len(names)} parameters are known",
-                    hint=hint,
-                )
+        check_param_list(self.gp.param_list, [n for n, _ in self._params])
 
     @property
     def selected(self) -> list[tuple[str, torch.Tensor]]:
@@ -221,7 +180,7 @@ class GradMonitor:
         except Exception as exc:  # never break the training loop unless strict
             self._record_error(count, None, exc)
             if self.config.strict:
-                raise ProbeError(f"grad_probe failed at step {count}: {exc}") from exc
+                raise self._strict_failure(count, exc) from exc
 
     # ------------------------------------------------------------------ one step
     def _dump(self, step: int) -> None:
@@ -267,12 +226,7 @@ class GradMonitor:
         csv_format.write_summary_csv(
             csv_format.summary_csv_path(self.dump_path, rank, step), self.level, self.bounds, records
         )
-        if missing:
-            self.params_without_grad[step] = missing
-        self.steps_written.append(step)
-        self._dirty = True
-        if time.monotonic() - self._last_summary >= SUMMARY_INTERVAL_S:
-            self.write_summary()
+        self._after_dump(step, missing)
 
     @staticmethod
     def _to_host(vectors: list[Any]) -> list[list[float]]:
@@ -287,51 +241,8 @@ class GradMonitor:
                 out[i] = row
         return out
 
-    def _record_error(self, step: int | None, param: str | None, exc: BaseException) -> None:
-        log.warning("grad_probe: error at step %s%s: %r", step, f" ({param})" if param else "", exc)
-        self._dirty = True
-        if len(self.errors) >= MAX_ERRORS:
-            self.errors_dropped += 1
-            return
-        self.errors.append({"step": step, "param": param, "error": f"{type(exc).__name__}: {exc}"})
-
-    # ------------------------------------------------------------------ results
-    @property
-    def summary_path(self) -> Path:
-        return self.dump_path / f"rank{self.rank or 0}" / "summary.json"
-
-    def summary(self) -> dict[str, Any]:
-        names = [n for n, _ in self.selected]
-        return {
-            "tool": "grad_probe",
-            "framework": "pytorch",
-            "rank": self.rank or 0,
-            "level": self.level,
-            "bounds": list(self.bounds),
-            "compute_dtype": "/".join(sorted(self._compute_dtypes)) or "float64",
-            "params": names,
-            "file_names": {n: csv_format.file_name_for_param(n) for n in names
-                           if csv_format.file_name_for_param(n) != n},
-            "steps_written": list(self.steps_written),
-            "optimizer_steps": 0 if self.current_step is None else self.current_step + 1,
-            "params_without_grad": {str(k): v for k, v in self.params_without_grad.items()},
-            "errors": list(self.errors),
-            "errors_dropped": self.errors_dropped,
-            "config": self.config.to_dict(),
-        }
-
-    def write_summary(self) -> Path | None:
-        """Write ``rank{R}/summary.json`` (atomically) if the config selects this rank."""
-        if self.rank is None:
-            try:
-                self.rank = int(self.backend.rank())
-            except Exception:  # pragma: no cover - the backend has no failing path today
-                return None
-        if not self.config.selects_rank(self.rank):
-            return None
-        self._last_summary = time.monotonic()
-        self._dirty = False
-        return write_json_atomic(self.summary_path, self.summary())
+    def _resolve_rank(self) -> int:
+        return int(self.backend.rank())
 
     # ------------------------------------------------------------------ teardown
     def remove(self) -> None:
@@ -343,31 +254,9 @@ class GradMonitor:
             self._global_handle.remove()
             self._global_handle = None
 
-    def stop(self) -> None:
-        """Remove the hooks and write summary.json. The monitor records nothing afterwards."""
-        if self._closed:
-            return
-        self.remove()
-        self._closed = True
-        _ACTIVE.discard(self)
-        try:
-            self.write_summary()
-        except Exception as exc:
-            if self.config.strict:
-                raise
-            log.warning("grad_probe: could not write summary.json: %r", exc)
-
-    close = stop
-
     @property
     def running(self) -> bool:
         return not self._closed and (bool(self._handles) or self._global_handle is not None)
-
-    def __enter__(self) -> GradMonitor:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
 
 
 # ---------------------------------------------------------------------- helpers
@@ -415,13 +304,3 @@ def _named_params(obj: Any) -> list[tuple[str, torch.Tensor]]:
     raise TypeError(
         f"GradMonitor needs an nn.Module, an Optimizer, a mapping or an iterable of parameters, got {type(obj).__name__}"
     )
-
-
-@atexit.register
-def _flush_at_exit() -> None:
-    for m in list(_ACTIVE):
-        try:
-            if m._dirty:
-                m.write_summary()
-        except Exception:  # pragma: no cover - best effort at interpreter exit
-            pass

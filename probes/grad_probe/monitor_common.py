@@ -1,0 +1,183 @@
+"""The framework-free half of the grad_probe monitors (PyTorch: torch_monitor, MindSpore:
+mindspore_monitor): config fields, ``param_list`` validation, error records, ``summary.json``,
+the stop/close life cycle and the flush at interpreter exit.
+
+A subclass provides ``framework`` (the ``summary.json`` value), ``_resolve_rank()``, ``remove()``
+(drop its hooks), ``running`` and ``selected`` (the monitored ``(name, parameter)`` pairs), and may
+extend :meth:`MonitorBase.summary`. This module imports no deep-learning framework.
+"""
+
+from __future__ import annotations
+
+import atexit
+import difflib
+import logging
+import time
+import weakref
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from probes.core.config import GradProbeConfig, ProbeConfig
+from probes.core.errors import ConfigError, ProbeError
+from probes.core.writers import write_json_atomic
+from probes.grad_probe import csv_format
+
+__all__ = ["MAX_ERRORS", "SUMMARY_INTERVAL_S", "MonitorBase", "check_param_list"]
+
+log = logging.getLogger("probes.grad_probe")
+
+#: summary.json is rewritten after a dumped step at most this often (and always at stop()).
+SUMMARY_INTERVAL_S = 5.0
+#: At most this many error records are kept (the rest are counted).
+MAX_ERRORS = 1000
+
+_ACTIVE: weakref.WeakSet[MonitorBase] = weakref.WeakSet()
+
+
+def check_param_list(param_list: Sequence[str], names: Sequence[str], source: str = "model.named_parameters()") -> None:
+    """Raise ConfigError (with close matches) for the first ``param_list`` entry naming no parameter."""
+    if not param_list:
+        return
+    present = set(names)
+    for i, wanted in enumerate(param_list):
+        if wanted not in present:
+            close = difflib.get_close_matches(wanted, list(names), n=3, cutoff=0.6)
+            hint = ("did you mean " + " or ".join(f'"{c}"' for c in close) + "?") if close else (
+                "parameter names look like " + ", ".join(f'"{n}"' for n in names[:3])
+            )
+            raise ConfigError(
+                f"grad_probe.param_list[{i}]",
+                wanted,
+                f"the exact name of a monitored parameter ({source}); {len(names)} parameters are known",
+                hint=hint,
+            )
+
+
+class MonitorBase:
+    """Shared state and results of a gradient monitor (see the module docstring)."""
+
+    framework = "unknown"
+
+    def _init_common(self, config: ProbeConfig) -> None:
+        self.config = config
+        self.gp: GradProbeConfig = config.grad_probe or GradProbeConfig()
+        self.level = self.gp.grad_level
+        self.bounds = self.gp.bounds
+        self.histogram = self.level == "L2"
+        self.dump_path = Path(config.dump_path)
+        self.rank: int | None = None
+        self.current_step: int | None = None  # the last optimizer step index seen
+        self._closed = False
+        self.steps_written: list[int] = []
+        self.params_without_grad: dict[int, list[str]] = {}
+        self.errors: list[dict[str, Any]] = []
+        self.errors_dropped = 0
+        self._compute_dtypes: set[str] = set()
+        self._last_summary = 0.0
+        self._dirty = False
+
+    # ------------------------------------------------------------------ subclass interface
+    def _resolve_rank(self) -> int:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def remove(self) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @property
+    def selected(self) -> list[tuple[str, Any]]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ shared
+    def _activate(self) -> None:
+        _ACTIVE.add(self)
+
+    def _after_dump(self, step: int, missing: list[str]) -> None:
+        """Book-keeping after a step's CSV was written."""
+        if missing:
+            self.params_without_grad[step] = missing
+        self.steps_written.append(step)
+        self._dirty = True
+        if time.monotonic() - self._last_summary >= SUMMARY_INTERVAL_S:
+            self.write_summary()
+
+    def _record_error(self, step: int | None, param: str | None, exc: BaseException) -> None:
+        log.warning("grad_probe: error at step %s%s: %r", step, f" ({param})" if param else "", exc)
+        self._dirty = True
+        if len(self.errors) >= MAX_ERRORS:
+            self.errors_dropped += 1
+            return
+        self.errors.append({"step": step, "param": param, "error": f"{type(exc).__name__}: {exc}"})
+
+    def _strict_failure(self, step: int, exc: BaseException) -> ProbeError:
+        return ProbeError(f"grad_probe failed at step {step}: {exc}")
+
+    @property
+    def summary_path(self) -> Path:
+        return self.dump_path / f"rank{self.rank or 0}" / "summary.json"
+
+    def summary(self) -> dict[str, Any]:
+        names = [n for n, _ in self.selected]
+        return {
+            "tool": "grad_probe",
+            "framework": self.framework,
+            "rank": self.rank or 0,
+            "level": self.level,
+            "bounds": list(self.bounds),
+            "compute_dtype": "/".join(sorted(self._compute_dtypes)) or "float64",
+            "params": names,
+            "file_names": {n: csv_format.file_name_for_param(n) for n in names
+                           if csv_format.file_name_for_param(n) != n},
+            "steps_written": list(self.steps_written),
+            "optimizer_steps": 0 if self.current_step is None else self.current_step + 1,
+            "params_without_grad": {str(k): v for k, v in self.params_without_grad.items()},
+            "errors": list(self.errors),
+            "errors_dropped": self.errors_dropped,
+            "config": self.config.to_dict(),
+        }
+
+    def write_summary(self) -> Path | None:
+        """Write ``rank{R}/summary.json`` (atomically) if the config selects this rank."""
+        if self.rank is None:
+            try:
+                self.rank = int(self._resolve_rank())
+            except Exception:  # pragma: no cover - the backends have no failing path today
+                return None
+        if not self.config.selects_rank(self.rank):
+            return None
+        self._last_summary = time.monotonic()
+        self._dirty = False
+        return write_json_atomic(self.summary_path, self.summary())
+
+    def stop(self) -> None:
+        """Remove the hooks and write summary.json. The monitor records nothing afterwards."""
+        if self._closed:
+            return
+        self.remove()
+        self._closed = True
+        _ACTIVE.discard(self)
+        try:
+            self.write_summary()
+        except Exception as exc:
+            if self.config.strict:
+                raise
+            log.warning("grad_probe: could not write summary.json: %r", exc)
+
+    def close(self) -> None:
+        self.stop()
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    for m in list(_ACTIVE):
+        try:
+            if m._dirty:
+                m.write_summary()
+        except Exception:  # pragma: no cover - best effort at interpreter exit
+            pass

@@ -1,12 +1,17 @@
 """The pytest plugin: `pytest --msprobe-task=free_benchmark` runs every test under the probe.
 
 Thin and lazy, like Hypothesis's plugin: options and validation at configure time import only the
-framework-free core; torch is imported when a test that already imported it runs under a probe.
+framework-free core; a framework is touched only when a test that already imported it runs under
+a probe. Which framework a test is probed in (`_framework_of`): the one its module uses (module
+globals that are, or come from, `torch` / `mindspore`); a module using both, or neither while torch
+is imported, is probed with PyTorch; a module using neither runs under MindSpore when only
+MindSpore is imported, and unprobed when no framework is.
 """
 
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import re
@@ -91,10 +96,13 @@ class MsprobeSession:
             safe = safe[:100] + "_" + hashlib.sha1(nodeid.encode()).hexdigest()[:10]
         return self.root / "tests" / safe
 
-    def debugger_for(self, item: pytest.Item) -> Any:
+    def debugger_for(self, item: pytest.Item, framework: str = "pytorch") -> Any:
         from dataclasses import replace
 
-        from probes.pytorch import PrecisionDebugger
+        if framework == "mindspore":
+            from probes.mindspore import PrecisionDebugger
+        else:
+            from probes.pytorch import PrecisionDebugger
 
         cfg = replace(self.probe_config, dump_path=str(self.test_dump_path(item.nodeid)))
         return PrecisionDebugger(config=cfg)
@@ -108,12 +116,37 @@ class MsprobeSession:
         return merge_api_tables((nodeid, s["apis"]) for nodeid, s in self.results)
 
 
+def _framework_of(item: pytest.Item) -> str | None:
+    """"pytorch", "mindspore", or None (no framework imported: nothing to probe)."""
+    roots = set()
+    module = getattr(item, "module", None)
+    for value in vars(module).values() if module is not None else ():
+        try:
+            name = value.__name__ if inspect.ismodule(value) else getattr(value, "__module__", None)
+        except Exception:  # objects with exotic __getattr__ (mocks, lazy proxies)
+            continue
+        if isinstance(name, str):
+            roots.add(name.partition(".")[0])
+    if "torch" in roots:
+        return "pytorch"
+    if "mindspore" in roots:
+        return "mindspore"
+    if "torch" in sys.modules:
+        return "pytorch"
+    if "mindspore" in sys.modules:
+        return "mindspore"
+    return None
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Any:
     session: MsprobeSession | None = item.config.stash.get(_SESSION_KEY, None)
-    if session is None or "torch" not in sys.modules or item.get_closest_marker("msprobe_off"):
+    if session is None or item.get_closest_marker("msprobe_off"):
         return (yield)
-    debugger = session.debugger_for(item)
+    framework = _framework_of(item)
+    if framework is None:
+        return (yield)
+    debugger = session.debugger_for(item, framework)
     debugger.start()
     try:
         result = yield
@@ -171,7 +204,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     tr = terminalreporter
     tr.section(f"msprobe {state.probe_config.task}: risky APIs")
     if not state.results:
-        tr.write_line("no test ran under the probe (none imported torch)")
+        tr.write_line("no test ran under the probe (none imported torch or mindspore)")
         return
     for line in risky_table_lines(state.table()):
         tr.write_line(line)

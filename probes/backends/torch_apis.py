@@ -9,15 +9,22 @@ objects back at stop: after `uninstall()`, `torch.nn.functional.linear is torch.
 
 from __future__ import annotations
 
-import functools
 import inspect
-import threading
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from probes.backends.patching import (  # noqa: F401 - re-exported for the torch probe
+    _HANDLER,
+    _TLS,
+    ApiMeta,
+    ApiPatcher,
+    _inplace_position,
+    _is_op_callable,
+    _make_wrapper,
+    call_exclusion,
+    suspended,
+)
 from probes.free_benchmark import exclusions
 
 _ALLOWED_DUNDERS = {
@@ -33,52 +40,6 @@ _ALLOWED_DUNDERS = {
 # APIs that update some of their inputs as a side effect although their names do not end in "_":
 # their re-run gets copies of every tensor argument.
 _MUTATES_INPUTS = {"batch_norm", "instance_norm", "native_batch_norm", "embedding", "group_norm_stats"}
-
-
-@dataclass(eq=False)
-class ApiMeta:
-    """One hookable attribute and what the probe knows of it."""
-
-    prefix: str  # Torch, Tensor, Functional, NPU
-    qualname: str  # matmul, linalg.norm, __add__
-    owner: Any  # module or class holding the attribute
-    attr: str
-    original: Callable[..., Any]
-    own_value: Any = None  # what owner.__dict__ held (None when inherited)
-    had_own: bool = True
-    exclusion: str | None = None
-    inplace_pos: int | None = None  # position of an `inplace` parameter, for F.relu(x, True)
-    mutates_inputs: bool = False
-    wrapper: Callable[..., Any] | None = field(default=None, repr=False)
-
-    @property
-    def key(self) -> str:
-        return f"{self.prefix}.{self.qualname}"
-
-
-def call_exclusion(meta: ApiMeta, args: tuple, kwargs: dict) -> str | None:
-    """Exclusions that depend on how the API is called (out=, inplace=True)."""
-    if kwargs:
-        if kwargs.get("out") is not None:
-            return exclusions.OUT_ARG
-        if kwargs.get("inplace"):
-            return exclusions.IN_PLACE
-    pos = meta.inplace_pos
-    if pos is not None and len(args) > pos and args[pos] is True:
-        return exclusions.IN_PLACE
-    return None
-
-
-def _inplace_position(fn: Any) -> int | None:
-    try:
-        params = list(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        return None
-    return params.index("inplace") if "inplace" in params else None
-
-
-def _is_op_callable(value: Any) -> bool:
-    return callable(value) and not inspect.isclass(value) and not inspect.ismodule(value)
 
 
 def _module_entries(module: Any, prefix: str, qual_prefix: str, names: list[str]) -> list[ApiMeta]:
@@ -162,92 +123,3 @@ def _npu_entries() -> list[ApiMeta]:
         return []
     names = [n for n in _public(torch_npu) if n.startswith("npu_")]
     return _module_entries(torch_npu, "NPU", "", names)
-
-
-class _Depth(threading.local):
-    depth = 0
-
-
-_TLS = _Depth()
-# The one active call handler (a bound method of the running probe), or None.
-_HANDLER: list[Callable[..., Any] | None] = [None]
-
-
-def _make_wrapper(meta: ApiMeta) -> Callable[..., Any]:
-    original = meta.original
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        handler = _HANDLER[0]
-        tls = _TLS
-        if handler is None or tls.depth:
-            return original(*args, **kwargs)
-        tls.depth = 1
-        try:
-            return handler(meta, original, args, kwargs)
-        finally:
-            tls.depth = 0
-
-    try:
-        functools.update_wrapper(wrapper, original)
-    except (AttributeError, TypeError):
-        pass
-    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
-    wrapper.__msprobe_meta__ = meta  # type: ignore[attr-defined]
-    return wrapper
-
-
-class suspended:
-    """Run code with every hook passing straight through (the probe's own re-runs, tests)."""
-
-    def __enter__(self) -> None:
-        self._saved = _TLS.depth
-        _TLS.depth = self._saved + 1
-
-    def __exit__(self, *exc: Any) -> None:
-        _TLS.depth = self._saved
-
-
-class ApiPatcher:
-    """Installs wrappers for a set of APIs and restores the originals, even after errors."""
-
-    def __init__(self, metas: tuple[ApiMeta, ...]) -> None:
-        self.metas = metas
-        self.installed = False
-
-    def install(self, handler: Callable[..., Any]) -> None:
-        if _HANDLER[0] is not None:
-            from probes.core.errors import ProbeError
-
-            raise ProbeError(
-                "another free_benchmark probe is already running in this process; stop it first "
-                "(PrecisionDebugger.stop()) before starting a second one"
-            )
-        done = []
-        try:
-            for meta in self.metas:
-                if meta.wrapper is None:
-                    meta.wrapper = _make_wrapper(meta)
-                setattr(meta.owner, meta.attr, meta.wrapper)
-                done.append(meta)
-        except BaseException:
-            self._restore(done)
-            raise
-        _HANDLER[0] = handler
-        self.installed = True
-
-    def uninstall(self) -> None:
-        _HANDLER[0] = None
-        if self.installed:
-            self._restore(self.metas)
-            self.installed = False
-
-    @staticmethod
-    def _restore(metas: Any) -> None:
-        for meta in metas:
-            if meta.had_own:
-                setattr(meta.owner, meta.attr, meta.own_value)
-            else:
-                try:
-                    delattr(meta.owner, meta.attr)
-                except AttributeError:
-                    pass

@@ -1,0 +1,15 @@
+"""The MindSpore example suite (PyNative, CPU): `pytest examples/mindspore`, and under a probe
+`pytest examples/mindspore --msprobe-task=free_benchmark`."""
+
+import mindspore as ms
+import pytest
+
+from probes.backends.mindspore_xp import warm_up
+
+warm_up()  # MindSpore with NumPy 2 fails the first operator of a process once
+ms.set_context(mode=ms.PYNATIVE_MODE, device_target="CPU")
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    ms.set_seed(0)

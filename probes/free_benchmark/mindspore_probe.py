@@ -1,0 +1,165 @@
+"""free_benchmark on MindSpore (PyNative): the generic probe wired to MindSpore's whitelist.
+
+Same config keys, per-call path, perturbations, comparison and output files as PyTorch
+(probes.free_benchmark.service): one CSV per step and rank with the `pert_mode` header (B21), the
+symmetric, NaN-aware ratio rule (B2, B3), validated `list` names (B23). Only what is MindSpore's
+own lives here:
+
+* `list` holds full dotted names (`mindspore.ops.add`, `mindspore.Tensor.__add__`,
+  `mindspore.mint.matmul`, `mindspore.mint.nn.functional.relu`), matched exactly;
+* a kernel the MindSpore target lacks for a dtype (bf16 Abs/Greater/MatMul on the CPU, ...)
+  cancels that check with a log line and a `not_checked` entry in summary.json;
+* the backward stage, preheat, to_cpu and fuzz_device "cpu" are not available (the reference's
+  MindSpore front-end has no to_cpu and ignores preheat).
+"""
+
+from __future__ import annotations
+
+import atexit
+import difflib
+import logging
+import re
+import weakref
+from typing import Any
+
+from probes.backends.mindspore_apis import build_catalog, call_exclusion, full_name
+from probes.backends.mindspore_backend import BACKEND
+from probes.backends.patching import ApiPatcher
+from probes.core.config import ProbeConfig
+from probes.core.errors import ConfigError
+from probes.free_benchmark import exclusions
+from probes.free_benchmark.service import FreeBenchmarkProbe, Selection
+
+log = logging.getLogger("probes.free_benchmark")
+_LIVE: weakref.WeakSet[MindSporeFreeBenchmark] = weakref.WeakSet()
+_UNSUPPORTED = re.compile(r"Select (\w+) operator\[(\w+)\] fail! Unsupported data type", re.S)
+
+
+class ExactSelection(Selection):
+    """`list` of MindSpore full dotted names: an API is selected when its name is listed."""
+
+    def __init__(self, keys: frozenset[str]) -> None:
+        super().__init__((), ())
+        self.keys = keys
+
+    def static(self, key: str) -> bool | None:
+        return key in self.keys
+
+    def selects(self, key: str, name: str) -> bool:
+        return key in self.keys
+
+
+class _MindSporeProbe(FreeBenchmarkProbe):
+    """The generic probe plus MindSpore's "no kernel for this dtype" cancellation."""
+
+    def _check(self, meta: Any, name: str, *rest: Any) -> None:
+        try:
+            super()._check(meta, name, *rest)
+        except (TypeError, RuntimeError, ValueError) as exc:
+            found = _UNSUPPORTED.search(str(exc))
+            if found is None:
+                raise
+            self.backend.drain_errors()
+            device, kernel = found.groups()
+            reason = (f"MindSpore's {device} target has no {kernel} kernel for the dtypes of this call; "
+                      "check cancelled")
+            if (meta.key, reason) not in self._logged:
+                log.warning("free_benchmark: %s: %s", name, reason)
+            self._skip(meta.key, reason)
+
+    def _error(self, key: str, name: str, exc: BaseException) -> None:
+        self.backend.drain_errors()  # the failed check's queued operators must not fail later in user code
+        super()._error(key, name, exc)
+
+
+class MindSporeFreeBenchmark:
+    """start()/stop()/step() of free_benchmark for MindSpore (mirrors TorchFreeBenchmark)."""
+
+    def __init__(self, config: ProbeConfig) -> None:
+        import mindspore as ms
+
+        fb = config.free_benchmark
+        if fb.fuzz_stage == "backward":
+            raise ConfigError("free_benchmark.fuzz_stage", "backward", "this version checks the forward stage only",
+                              'use "forward"; the backward stage is planned')
+        if fb.pert_mode == "to_cpu" or fb.fuzz_device == "cpu":
+            raise ConfigError("free_benchmark.pert_mode" if fb.pert_mode == "to_cpu" else "free_benchmark.fuzz_device",
+                              fb.pert_mode if fb.pert_mode == "to_cpu" else fb.fuzz_device,
+                              "MindSpore supports improve_precision, add_noise, bit_noise, change_value and "
+                              'no_change with fuzz_device "npu" (the same device as the call)',
+                              "to_cpu is PyTorch only, as in msprobe")
+        if fb.if_preheat:
+            log.warning("free_benchmark: if_preheat is not supported on MindSpore and is ignored (as in msprobe)")
+        if ms.get_context("mode") != ms.PYNATIVE_MODE:
+            raise ConfigError("mindspore mode", "GRAPH_MODE", "free_benchmark runs in PyNative mode only",
+                              "call mindspore.set_context(mode=mindspore.PYNATIVE_MODE)")
+        self.config = config
+        self.catalog = build_catalog()
+        self.probe = _MindSporeProbe(config, BACKEND, call_exclusion, "mindspore")
+        self._select()
+        self.patcher = ApiPatcher(tuple(m for m in self.catalog if m.exclusion != exclusions.ACCESSOR))
+        _LIVE.add(self)
+
+    def _select(self) -> None:
+        fb = self.config.free_benchmark
+        keys = [m.key for m in self.catalog]
+        if fb.api_list:
+            by_name = {full_name(k): k for k in keys}
+            for entry in fb.api_list:
+                if entry not in by_name:
+                    close = difflib.get_close_matches(entry, list(by_name), n=3, cutoff=0.6)
+                    hint = (f"did you mean {', '.join(close)}?" if close else
+                            "entries are full names such as mindspore.ops.add, mindspore.Tensor.__add__, "
+                            "mindspore.mint.matmul, mindspore.mint.nn.functional.relu")
+                    raise ConfigError("free_benchmark.list", entry,
+                                      "it is not an API of the MindSpore free_benchmark whitelist in this MindSpore",
+                                      hint)
+            chosen = frozenset(by_name[e] for e in fb.api_list)
+            self.probe.selection = ExactSelection(chosen)
+            for m in self.catalog:
+                if m.key in chosen and m.exclusion:
+                    log.info("free_benchmark: %s is listed but is never re-run: %s", full_name(m.key), m.exclusion)
+        elif fb.scope:  # PyTorch-style exact call names (Functional.add.0.forward)
+            bad = self.probe.selection.unmatched(keys)
+            if bad:
+                raise ConfigError("free_benchmark.scope", bad[0], "it names no MindSpore API that free_benchmark hooks",
+                                  "scope entries are call names such as Functional.add.0.forward")
+
+    def start(self) -> None:
+        probe = self.probe
+        probe.running = True
+        probe.refresh()
+        if probe.finished:
+            log.info("free_benchmark: the last configured step has passed; the probe has finished")
+            self.patcher.uninstall()
+            return
+        if probe.active and not self.patcher.installed:
+            probe.dump_path.mkdir(parents=True, exist_ok=True)
+            self.patcher.install(probe.on_call)
+
+    def stop(self) -> None:
+        self.probe.running = False
+        self.probe.refresh()
+        self.patcher.uninstall()
+        self.probe.flush()
+
+    def step(self) -> None:
+        self.probe.next_step()
+        if self.patcher.installed and not self.probe.active:
+            self.patcher.uninstall()
+        elif self.probe.running and self.probe.active and not self.patcher.installed:
+            self.patcher.install(self.probe.on_call)
+
+    def close(self) -> None:
+        self.patcher.uninstall()
+        self.probe.running = False
+        try:
+            self.probe.flush()
+        except OSError:
+            pass
+
+
+@atexit.register
+def _restore_at_exit() -> None:
+    for tool in list(_LIVE):
+        tool.close()

@@ -15,11 +15,9 @@ own lives here:
 
 from __future__ import annotations
 
-import atexit
 import difflib
 import logging
 import re
-import weakref
 from typing import Any
 
 from probes.backends.mindspore_apis import build_catalog, call_exclusion, full_name
@@ -28,10 +26,10 @@ from probes.backends.patching import ApiPatcher
 from probes.core.config import ProbeConfig
 from probes.core.errors import ConfigError
 from probes.free_benchmark import exclusions
+from probes.free_benchmark.lifecycle import FreeBenchmarkRun
 from probes.free_benchmark.service import FreeBenchmarkProbe, Selection
 
 log = logging.getLogger("probes.free_benchmark")
-_LIVE: weakref.WeakSet[MindSporeFreeBenchmark] = weakref.WeakSet()
 _UNSUPPORTED = re.compile(r"Select (\w+) operator\[(\w+)\] fail! Unsupported data type", re.S)
 
 
@@ -72,7 +70,7 @@ class _MindSporeProbe(FreeBenchmarkProbe):
         super()._error(key, name, exc)
 
 
-class MindSporeFreeBenchmark:
+class MindSporeFreeBenchmark(FreeBenchmarkRun):
     """start()/stop()/step() of free_benchmark for MindSpore (mirrors TorchFreeBenchmark)."""
 
     def __init__(self, config: ProbeConfig) -> None:
@@ -98,7 +96,7 @@ class MindSporeFreeBenchmark:
         self.probe = _MindSporeProbe(config, BACKEND, call_exclusion, "mindspore")
         self._select()
         self.patcher = ApiPatcher(tuple(m for m in self.catalog if m.exclusion != exclusions.ACCESSOR))
-        _LIVE.add(self)
+        self._register()
 
     def _select(self) -> None:
         fb = self.config.free_benchmark
@@ -124,42 +122,3 @@ class MindSporeFreeBenchmark:
             if bad:
                 raise ConfigError("free_benchmark.scope", bad[0], "it names no MindSpore API that free_benchmark hooks",
                                   "scope entries are call names such as Functional.add.0.forward")
-
-    def start(self) -> None:
-        probe = self.probe
-        probe.running = True
-        probe.refresh()
-        if probe.finished:
-            log.info("free_benchmark: the last configured step has passed; the probe has finished")
-            self.patcher.uninstall()
-            return
-        if probe.active and not self.patcher.installed:
-            probe.dump_path.mkdir(parents=True, exist_ok=True)
-            self.patcher.install(probe.on_call)
-
-    def stop(self) -> None:
-        self.probe.running = False
-        self.probe.refresh()
-        self.patcher.uninstall()
-        self.probe.flush()
-
-    def step(self) -> None:
-        self.probe.next_step()
-        if self.patcher.installed and not self.probe.active:
-            self.patcher.uninstall()
-        elif self.probe.running and self.probe.active and not self.patcher.installed:
-            self.patcher.install(self.probe.on_call)
-
-    def close(self) -> None:
-        self.patcher.uninstall()
-        self.probe.running = False
-        try:
-            self.probe.flush()
-        except OSError:
-            pass
-
-
-@atexit.register
-def _restore_at_exit() -> None:
-    for tool in list(_LIVE):
-        tool.close()

@@ -2,23 +2,21 @@
 
 from __future__ import annotations
 
-import atexit
 import difflib
 import logging
-import weakref
 
 from probes.backends.torch_apis import ApiPatcher, build_catalog, call_exclusion
 from probes.backends.torch_backend import BACKEND
 from probes.core.config import ProbeConfig
 from probes.core.errors import ConfigError
 from probes.free_benchmark import exclusions
+from probes.free_benchmark.lifecycle import FreeBenchmarkRun
 from probes.free_benchmark.service import FreeBenchmarkProbe
 
 log = logging.getLogger("probes.free_benchmark")
-_LIVE: weakref.WeakSet[TorchFreeBenchmark] = weakref.WeakSet()
 
 
-class TorchFreeBenchmark:
+class TorchFreeBenchmark(FreeBenchmarkRun):
     """start()/stop()/step() of free_benchmark for PyTorch.
 
     Wrappers are installed at start() and the original attributes put back at stop(); if the
@@ -39,7 +37,7 @@ class TorchFreeBenchmark:
         self.probe = FreeBenchmarkProbe(config, BACKEND, call_exclusion, "pytorch")
         self._check_selection()
         self.patcher = ApiPatcher(tuple(m for m in self.catalog if m.exclusion != exclusions.ACCESSOR))
-        _LIVE.add(self)
+        self._register()
 
     def _check_selection(self) -> None:
         keys = [m.key for m in self.catalog]
@@ -55,52 +53,3 @@ class TorchFreeBenchmark:
         ]
         for m in selected_excluded[:20]:
             log.info("free_benchmark: %s matches the list but is never re-run: %s", m.key, m.exclusion)
-
-    def start(self) -> None:
-        probe = self.probe
-        probe.running = True
-        probe.refresh()
-        if probe.finished:
-            log.info("free_benchmark: the last configured step has passed; the probe has finished")
-            self._uninstall()
-            return
-        if probe.active and not self.patcher.installed:
-            probe.dump_path.mkdir(parents=True, exist_ok=True)
-            self.patcher.install(probe.on_call)
-
-    def stop(self) -> None:
-        self.probe.running = False
-        self.probe.refresh()
-        self._uninstall()
-        self.probe.flush()
-
-    def step(self) -> None:
-        self.probe.next_step()
-        if self.patcher.installed and not self.probe.active and self.probe.finished:
-            self._uninstall()
-        elif self.probe.running and self.probe.active and not self.patcher.installed:
-            self.patcher.install(self.probe.on_call)
-        elif self.patcher.installed and not self.probe.active:
-            self._uninstall()
-
-    def _uninstall(self) -> None:
-        self.patcher.uninstall()
-
-    def close(self) -> None:
-        """Restore everything and write what is pending (used at exit)."""
-        self._uninstall()
-        self.probe.running = False
-        try:
-            self.probe.flush()
-        except OSError:
-            pass
-
-
-@atexit.register
-def _restore_at_exit() -> None:
-    for tool in list(_LIVE):
-        tool.close()
-
-
-def running_tools() -> list[TorchFreeBenchmark]:
-    return [t for t in _LIVE if t.patcher.installed]

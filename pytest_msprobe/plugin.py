@@ -110,10 +110,18 @@ class MsprobeSession:
     def record(self, nodeid: str, summary: dict[str, Any]) -> None:
         compact = {k: summary[k] for k in ("apis", "flagged", "csv_files", "errors", "config")}
         compact["flagged"] = compact["flagged"][:50]
+        compact["framework"] = summary.get("framework", "")
         self.results.append((nodeid, compact))
 
     def table(self) -> dict[str, dict[str, Any]]:
-        return merge_api_tables((nodeid, s["apis"]) for nodeid, s in self.results)
+        frameworks = {s.get("framework", "") for _, s in self.results}
+        if len(frameworks) <= 1:
+            return merge_api_tables((nodeid, s["apis"]) for nodeid, s in self.results)
+        # a suite mixing PyTorch and MindSpore: Functional.gelu of one is not the other's
+        return merge_api_tables(
+            (nodeid, {f"{api} [{s.get('framework', '')}]": v for api, v in s["apis"].items()})
+            for nodeid, s in self.results
+        )
 
 
 def _framework_of(item: pytest.Item) -> str | None:

@@ -501,3 +501,35 @@ def test_debugger_runs_grad_probe_on_an_optimizer(tmp_path):
                                                                                        "grad_summary_1.csv"]
     assert dbg.summary()
     assert PrecisionDebugger(config={"task": "free_benchmark", "dump_path": str(tmp_path / "fb")}).monitor(opt) is None
+
+
+TORCH_SUITE = """
+import torch
+
+
+def test_torch_risky():
+    torch.expm1(torch.linspace(1e-3, 2e-2, 32).half())
+"""
+
+MIXED_CONFTEST = MS_CONFTEST + """
+import torch
+_torch_exp = torch.exp
+
+
+def _naive_torch_expm1(x):
+    return _torch_exp(x) - 1
+
+
+torch.expm1 = _naive_torch_expm1
+"""
+
+
+def test_plugin_keeps_frameworks_apart_in_a_mixed_suite(pytester):
+    """A suite with PyTorch and MindSpore test modules: each module is probed with its own
+    framework and the session table tells the two Functional/Torch families apart."""
+    pytester.makepyfile(test_ms_suite=MS_SUITE, test_torch_suite=TORCH_SUITE)
+    pytester.makeconftest(MIXED_CONFTEST)
+    result = pytester.runpytest_subprocess("--msprobe-task=free_benchmark", "--msprobe-fail-on=never",
+                                           "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines_random(["Functional.expm1 [[]mindspore[]] *", "Torch.expm1 [[]pytorch[]] *"])

@@ -365,13 +365,23 @@ def fmt(v: float | None, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
+def print_columns(head: tuple[str, ...], widths: tuple[int, ...], rows: list[tuple[str, ...]]) -> None:
+    """A plain text table: the first two columns left-aligned, the figures right-aligned."""
+    def join(cells: tuple[str, ...]) -> str:
+        return "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    line = join(head)
+    print(line)
+    print("-" * len(line))
+    for cells in rows:
+        print(join(cells))
+
+
 def print_table(rows: list[dict[str, Any]]) -> None:
     head = ("model", "mode", "plain ms", "probed ms", "time x", "target", "", "min x", "noise", "drift",
             "mem x", "target", "", "+MiB", "anon x", "chk/step", "flag rows", "errors")
     widths = (11, 21, 8, 9, 6, 6, 4, 6, 5, 5, 5, 6, 4, 7, 6, 8, 9, 6)
-    line = "  ".join(h.ljust(w) if i < 2 else h.rjust(w) for i, (h, w) in enumerate(zip(head, widths)))
-    print(line)
-    print("-" * len(line))
+    cell_rows = []
     for r in rows:
         t = r.get("timing") or {}
         m = r.get("memory") or {}
@@ -385,7 +395,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             fmt(m.get("extra_mib"), "+.1f"), fmt(m.get("anon_ratio"), ".2f"), fmt(t.get("checked_per_step"), ".1f"),
             str(t.get("flagged_rows", "-")), str(len(t["errors"])) if "errors" in t else "-",
         )
-        print("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))))
+        cell_rows.append(cells)
+    print_columns(head, widths, cell_rows)
 
 
 def main(argv: list[str] | None = None) -> int:

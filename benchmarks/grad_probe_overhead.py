@@ -46,6 +46,7 @@ from free_benchmark_overhead import (  # noqa: E402
     cpu_snapshot,
     fmt,
     other_cpu_load,
+    print_columns,
     verdict,
 )
 
@@ -170,9 +171,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     head = ("model", "level", "plain ms", "probed ms", "time x", "target", "", "min x", "noise", "drift",
             "mem x", "+MiB", "anon x", "params", "dump KiB/step", "dumped", "errors")
     widths = (11, 5, 8, 9, 6, 6, 4, 6, 5, 5, 5, 7, 6, 6, 13, 7, 6)
-    line = "  ".join(h.ljust(w) if i < 2 else h.rjust(w) for i, (h, w) in enumerate(zip(head, widths)))
-    print(line)
-    print("-" * len(line))
+    cell_rows = []
     for r in rows:
         t = r.get("timing") or {}
         m = r.get("memory") or {}
@@ -187,7 +186,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             str(t.get("params", "-")), fmt(t.get("dump_kib_per_step"), ".1f"), dumped,
             str(len(t["errors"])) if "errors" in t else "-",
         )
-        print("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))))
+        cell_rows.append(cells)
+    print_columns(head, widths, cell_rows)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -40,6 +40,7 @@ from free_benchmark_overhead import (  # noqa: E402
     cpu_snapshot,
     fmt,
     other_cpu_load,
+    print_columns,
     probe_counts,
     verdict,
 )
@@ -249,9 +250,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     head = ("task", "mode", "plain ms", "probed ms", "time x", "target", "", "min x", "noise", "drift",
             "chk/step", "flag rows", "errors")
     widths = (14, 17, 8, 9, 6, 6, 4, 6, 5, 5, 8, 9, 6)
-    line = "  ".join(h.ljust(w) if i < 2 else h.rjust(w) for i, (h, w) in enumerate(zip(head, widths)))
-    print(line)
-    print("-" * len(line))
+    cell_rows = []
     for r in rows:
         t = r.get("timing") or {}
         cells = (
@@ -261,7 +260,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             fmt(t.get("checked_per_step"), ".1f"), str(t.get("flagged_rows", "-")),
             str(len(t["errors"])) if "errors" in t else "-",
         )
-        print("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))))
+        cell_rows.append(cells)
+    print_columns(head, widths, cell_rows)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,11 +35,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
-from urllib.parse import unquote
 
 import numpy as np
 
 from probes.core.writers import CsvAppender, read_csv_rows, write_json_atomic
+from probes.grad_probe.csv_format import param_from_file_name
 from probes.grad_probe.direction_rule import (
     FIRST_STEP_MIN,
     MAX_DROP,
@@ -311,6 +311,13 @@ def _read_step_csv(path: Path | None) -> _StepCsv | None:
     return _StepCsv(params, md5 if has_md5 else None, shape)
 
 
+def _decoded(stem: str) -> str:
+    try:
+        return param_from_file_name(stem)
+    except UnicodeDecodeError:  # not one of ours: keep the stem as the name
+        return stem
+
+
 def _npy_files(step_dir: Path | None) -> dict[str, Path]:
     """{param name: .npy path}. Names are the file stems verbatim; a percent-encoded stem also
     answers to its decoded name when that does not clash. Other suffixes (``.pt``) are ignored."""
@@ -328,7 +335,7 @@ def _npy_files(step_dir: Path | None) -> dict[str, Path]:
         stem = entry.name[:-4]
         files[stem] = Path(entry.path)
         if "%" in stem:
-            decoded.setdefault(unquote(stem), Path(entry.path))
+            decoded.setdefault(_decoded(stem), Path(entry.path))
     for name, path in decoded.items():
         files.setdefault(name, path)
     return files
@@ -573,7 +580,7 @@ def _compare_rank(a: Path, b: Path, first_step_min: float, max_drop: float,
             fa, fb = _npy_files(dirs_a[n]), _npy_files(dirs_b[n])
             files[n] = (fa, fb)
             stems = {path.name[:-4] for path in (*fa.values(), *fb.values())}
-            extra.update(k for k in stems if k not in seen and unquote(k) not in seen)
+            extra.update(k for k in stems if k not in seen and _decoded(k) not in seen)
         else:
             for side in ("a", "b"):
                 c = step_csv(side, n)

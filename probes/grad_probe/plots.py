@@ -9,10 +9,10 @@ the user's pyplot backend is never changed.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from probes.grad_probe.csv_format import file_name_for_param
 from probes.grad_probe.direction_rule import FIRST_STEP_MIN
 
 PICTURE_DIR = "similarities_picture"
@@ -20,13 +20,11 @@ Y_LIMITS = (0.0, 1.05)
 FIGSIZE = (6.4, 4.8)
 DPI = 100
 
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
 
 
 def picture_filename(name: str) -> str:
     """``{name}_similarities.png``; characters outside [A-Za-z0-9_.-] are percent-encoded."""
-    safe = _UNSAFE.sub(lambda m: "".join(f"%{b:02X}" for b in m.group(0).encode("utf-8")), name)
-    return f"{safe}_similarities.png"
+    return f"{file_name_for_param(name)}_similarities.png"
 
 
 def plot_similarities(out_dir: str | Path, steps: Sequence[int], rows: Mapping[str, Sequence[float | None]],

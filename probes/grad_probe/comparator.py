@@ -228,14 +228,18 @@ def _counter(iterable: Iterable, total: int, desc: str):
 # reading a rank folder (read-only)
 
 
+def _entries(directory: Path) -> list[os.DirEntry]:
+    """A folder's entries in name order; an unreadable folder reads as empty."""
+    try:
+        return sorted(os.scandir(directory), key=lambda e: e.name)
+    except OSError:
+        return []
+
+
 def _numbered(directory: Path, pattern: re.Pattern, want_dir: bool, canonical: str) -> dict[int, Path]:
     """{n: path} for entries matching pattern; the canonical spelling (rank1) wins over rank01."""
     found: dict[int, Path] = {}
-    try:
-        entries = sorted(os.scandir(directory), key=lambda e: e.name)
-    except OSError:
-        return found
-    for entry in entries:
+    for entry in _entries(directory):
         m = pattern.match(entry.name)
         if not m:
             continue
@@ -325,11 +329,7 @@ def _npy_files(step_dir: Path | None) -> dict[str, Path]:
         return {}
     files: dict[str, Path] = {}
     decoded: dict[str, Path] = {}
-    try:
-        entries = sorted(os.scandir(step_dir), key=lambda e: e.name)
-    except OSError:
-        return files
-    for entry in entries:
+    for entry in _entries(step_dir):
         if not entry.name.endswith(".npy") or not entry.is_file():
             continue
         stem = entry.name[:-4]

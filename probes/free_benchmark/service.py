@@ -183,6 +183,8 @@ class FreeBenchmarkProbe:
         if why is not None:
             self._skip(key, why)
             return original(*args, **kwargs)
+        if self.selection.static(key) is False:  # most calls of a listed run: no name to build
+            return original(*args, **kwargs)
         name = f"{key}.{index}.forward"
         if not self.selection.selects(key, name):
             return original(*args, **kwargs)

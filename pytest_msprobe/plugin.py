@@ -21,10 +21,8 @@ from typing import Any
 
 import pytest
 
-from pytest_msprobe.reporting import failure_message, merge_api_tables, risky_table_lines
-
 TASKS = ("free_benchmark", "grad_probe", "online_dispatch")
-AVAILABLE_TASKS = ("free_benchmark",)
+AVAILABLE_TASKS = ("free_benchmark", "grad_probe")
 FAIL_ON = ("risk", "never")
 _SESSION_KEY = pytest.StashKey["MsprobeSession"]()
 
@@ -84,11 +82,14 @@ class MsprobeSession:
     """What the plugin keeps for one pytest run."""
 
     def __init__(self, config: pytest.Config, probe_config: Any, fail_on: str) -> None:
+        from pytest_msprobe.tasks import TASKS as RUNNERS
+
         self.config = config
         self.probe_config = probe_config
         self.fail_on = fail_on
+        self.task = RUNNERS[probe_config.task]()
         self.root = Path(probe_config.dump_path)
-        self.results: list[tuple[str, dict[str, Any]]] = []  # (nodeid, per-test summary)
+        self.results: list[tuple[str, dict[str, Any]]] = []  # (nodeid, per-test result)
 
     def test_dump_path(self, nodeid: str) -> Path:
         safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid).strip("_")
@@ -96,32 +97,13 @@ class MsprobeSession:
             safe = safe[:100] + "_" + hashlib.sha1(nodeid.encode()).hexdigest()[:10]
         return self.root / "tests" / safe
 
-    def debugger_for(self, item: pytest.Item, framework: str = "pytorch") -> Any:
+    def test_config(self, item: pytest.Item) -> Any:
         from dataclasses import replace
 
-        if framework == "mindspore":
-            from probes.mindspore import PrecisionDebugger
-        else:
-            from probes.pytorch import PrecisionDebugger
-
-        cfg = replace(self.probe_config, dump_path=str(self.test_dump_path(item.nodeid)))
-        return PrecisionDebugger(config=cfg)
-
-    def record(self, nodeid: str, summary: dict[str, Any]) -> None:
-        compact = {k: summary[k] for k in ("apis", "flagged", "csv_files", "errors", "config")}
-        compact["flagged"] = compact["flagged"][:50]
-        compact["framework"] = summary.get("framework", "")
-        self.results.append((nodeid, compact))
+        return replace(self.probe_config, dump_path=str(self.test_dump_path(item.nodeid)))
 
     def table(self) -> dict[str, dict[str, Any]]:
-        frameworks = {s.get("framework", "") for _, s in self.results}
-        if len(frameworks) <= 1:
-            return merge_api_tables((nodeid, s["apis"]) for nodeid, s in self.results)
-        # a suite mixing PyTorch and MindSpore: Functional.gelu of one is not the other's
-        return merge_api_tables(
-            (nodeid, {f"{api} [{s.get('framework', '')}]": v for api, v in s["apis"].items()})
-            for nodeid, s in self.results
-        )
+        return self.task.table(self.results)
 
 
 def _framework_of(item: pytest.Item) -> str | None:
@@ -154,19 +136,19 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
     framework = _framework_of(item)
     if framework is None:
         return (yield)
-    debugger = session.debugger_for(item, framework)
-    debugger.start()
+    task = session.task
+    handle = task.start(framework, session.test_config(item))
     try:
         result = yield
     finally:
-        debugger.stop()
-        summary = debugger.summary()
-        session.record(item.nodeid, summary)
-    flagged = [api for api, s in summary["apis"].items() if s["flagged"]]
+        outcome = task.finish(handle)
+        session.results.append((item.nodeid, outcome))
+    flagged = task.flagged(outcome)
     if flagged:
-        item.user_properties.append(("msprobe_flagged_apis", ",".join(sorted(flagged))))
-        if session.fail_on == "risk":
-            pytest.fail(failure_message(item.nodeid, summary), pytrace=False)
+        item.user_properties.append((f"msprobe_{task.name}_flagged", ",".join(flagged)))
+        message = task.failure(item.nodeid, outcome)
+        if message and session.fail_on == "risk":
+            pytest.fail(message, pytrace=False)
     return result
 
 
@@ -196,11 +178,10 @@ def _write_session_files(state: MsprobeSession) -> None:
         return
     table = state.table()
     write_json_atomic(state.root / "summary.json", {
-        "tool": "free_benchmark",
+        "tool": state.task.name,
         "config": state.probe_config.to_dict(),
-        "tests": {nodeid: {"flagged_apis": sorted(a for a, s in r["apis"].items() if s["flagged"]),
-                           "csv_files": r["csv_files"], "errors": r["errors"]} for nodeid, r in state.results},
-        "apis": table,
+        "tests": {nodeid: state.task.test_entry(r) for nodeid, r in state.results},
+        "apis" if state.task.name == "free_benchmark" else "params": table,
     })
     state.table_cache = table  # type: ignore[attr-defined]
 
@@ -210,10 +191,10 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     if state is None or getattr(config, "workeroutput", None) is not None:
         return
     tr = terminalreporter
-    tr.section(f"msprobe {state.probe_config.task}: risky APIs")
+    tr.section(f"msprobe {state.task.name}: {state.task.table_title}")
     if not state.results:
         tr.write_line("no test ran under the probe (none imported torch or mindspore)")
         return
-    for line in risky_table_lines(state.table()):
+    for line in state.task.table_lines(state.table(), state.results):
         tr.write_line(line)
-    tr.write_line(f"details: {os.fspath(state.root / 'summary.json')} and per-test CSVs under {state.root / 'tests'}")
+    tr.write_line(f"details: {os.fspath(state.root / 'summary.json')} and per-test files under {state.root / 'tests'}")

@@ -87,11 +87,15 @@ class GradMonitor(MonitorBase):
             self.monitor(model_or_params, optimizers)
 
     # ------------------------------------------------------------------ setup
-    def monitor(self, model_or_params: Any = None, optimizers: Any = None, *, names_from: Any = None) -> GradMonitor:
+    def monitor(
+        self, model_or_params: Any = None, optimizers: Any = None, *, names_from: Any = None, hook: bool = True
+    ) -> GradMonitor:
         """Add parameters and/or optimizers and make sure the hooks are installed (once).
 
         ``names_from``: an ``nn.Module`` whose ``named_parameters()`` name the parameters of an
         optimizer passed as ``model_or_params`` (otherwise they are called ``group{g}.param{i}``).
+        ``hook=False``: register the parameters only; the caller already sees the optimizer's
+        steps (a global hook of its own) and calls :meth:`on_step`.
         """
         if self._closed:
             raise ProbeError("this GradMonitor was stopped; create a new one")
@@ -109,6 +113,9 @@ class GradMonitor(MonitorBase):
                 self._names[id(p)] = name
         self._check_param_list()
         self._owner_cache = weakref.WeakKeyDictionary()  # ownership may have changed
+        if not hook:
+            self._activate()
+            return self
         for opt in opts:
             if opt not in self._explicit:
                 self._explicit.add(opt)
@@ -155,12 +162,13 @@ class GradMonitor(MonitorBase):
             owns = any(id(p) in self._names for group in optimizer.param_groups for p in group["params"])
             self._owner_cache[optimizer] = owns
         if owns:
-            self._on_step(optimizer)
+            self.on_step(optimizer)
 
     def _optimizer_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        self._on_step(optimizer)
+        self.on_step(optimizer)
 
-    def _on_step(self, optimizer: torch.optim.Optimizer) -> None:
+    def on_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Take the statistics of a step ``optimizer`` is about to make (its step pre-hook)."""
         if self._closed:
             return
         count = self._counts.get(optimizer, -1) + 1
@@ -216,7 +224,7 @@ class GradMonitor(MonitorBase):
                     pending.append((name, g, vec, md5))
                 except Exception as exc:
                     if self.config.strict:
-                        raise  # recorded once, by _on_step
+                        raise  # recorded once, by on_step
                     self._record_error(step, name, exc)
             rows = self._to_host([v for _, _, v, _ in pending])
         records = [

@@ -1,0 +1,71 @@
+"""Every MindSpore optimizer called while the watch is on gets a MindSporeGradMonitor
+(whole-suite mode, PyNative).
+
+MindSpore has no global optimizer hook, so the watch wraps ``mindspore.nn.Optimizer.__call__``
+(inherited by Adam, SGD, ...; an optimizer class defining its own ``__call__`` is wrapped too)
+and monitors each optimizer at its first call, before the call runs, so that first step is
+recorded. The original attributes are put back at stop().
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from typing import Any
+
+import mindspore as ms
+
+from probes.core.config import ProbeConfig
+from probes.grad_probe.mindspore_monitor import MindSporeGradMonitor
+from probes.grad_probe.watch_common import OptimizerWatchBase
+
+_MISSING = object()
+
+
+class MindSporeOptimizerWatch(OptimizerWatchBase):
+    framework = "mindspore"
+
+    def __init__(self, config: ProbeConfig) -> None:
+        super().__init__(config)
+        self._seen: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+        self._saved: list[tuple[type, Any]] = []
+
+    def _install(self) -> None:
+        for cls in _optimizer_classes():
+            original = cls.__dict__.get("__call__", _MISSING)
+            self._saved.append((cls, original))
+            call = original if original is not _MISSING else cls.__call__
+            cls.__call__ = self._wrap(call)
+
+    def _uninstall(self) -> None:
+        for cls, original in reversed(self._saved):
+            if original is _MISSING:
+                delattr(cls, "__call__")
+            else:
+                cls.__call__ = original
+        self._saved.clear()
+
+    def _wrap(self, call: Any) -> Any:
+        @functools.wraps(call)
+        def wrapper(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            if self.running and optimizer not in self._seen:
+                self._seen[optimizer] = True
+                try:
+                    self.monitors.append(MindSporeGradMonitor(self.config_for(len(self.monitors)), optimizer))
+                except Exception as exc:
+                    self._monitor_failed(exc)
+            return call(optimizer, *args, **kwargs)
+
+        return wrapper
+
+
+def _optimizer_classes() -> list[type]:
+    """nn.Optimizer and every loaded subclass that defines its own ``__call__``."""
+    base = ms.nn.Optimizer
+    out, todo = [base], list(base.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        if "__call__" in cls.__dict__:
+            out.append(cls)
+    return out

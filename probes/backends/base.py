@@ -2,8 +2,56 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
+
+
+class Autodiff(Protocol):
+    """What free_benchmark's backward stage needs from a framework's autodiff.
+
+    The forward call saves its inputs; the backward pass hands the real cotangents of the call's
+    outputs to a one-shot callback; the callback recomputes vector-Jacobian products there.
+    Nothing here may outlive the autograd graph it is attached to."""
+
+    def recording(self) -> bool:
+        """True when the current call is being recorded for a backward pass."""
+        ...
+
+    def requires_grad(self, t: Any) -> bool:
+        """True when a gradient can flow to (input) or from (output) this tensor."""
+        ...
+
+    def save_input(self, t: Any, copy: bool) -> Any:
+        """The input as kept until the backward pass: on its device, detached, shared storage
+        unless `copy` (the API mutates its inputs)."""
+        ...
+
+    def version(self, t: Any) -> int | None:
+        """A counter that changes when the tensor is modified in place (None: not tracked)."""
+        ...
+
+    def forward_context(self) -> Any:
+        """The ambient state of the forward call (autocast) the recomputation must replay."""
+        ...
+
+    def recompute(self, context: Any) -> AbstractContextManager[Any]:
+        """Where the backward callback recomputes: grad recording on, the forward's context."""
+        ...
+
+    def on_backward(self, outputs: Sequence[Any], callback: Callable[[list[Any]], None]) -> Any:
+        """Call `callback(cotangents)` once, during the backward pass, with the real upstream
+        gradient of each output (None for an output that received none); the gradients flow on
+        unchanged. The hooks die with the outputs' graph. Returns a handle (weak-referenceable)
+        with `remove()`, which drops the callback and is safe inside a backward pass, and
+        `release()`, which also unregisters the hooks and is called outside one."""
+        ...
+
+    def vjp(self, fn: Callable[..., Sequence[Any]], primals: Sequence[Any], cotangents: Sequence[Any]) -> list[Any]:
+        """Gradients of <fn(*primals), cotangents> with respect to each primal (None when a
+        primal does not reach the outputs). `fn` returns a sequence aligned with `cotangents`;
+        a None cotangent counts as zeros; a cotangent is cast to its output's dtype/device."""
+        ...
 
 
 class Backend(Protocol):
@@ -34,6 +82,8 @@ class Backend(Protocol):
     def rng_restore(self, snapshot: Any) -> None: ...
     def rank(self) -> int: ...
     def replace_data(self, target: Any, source: Any) -> None: ...
+
+    autodiff: Autodiff  # the backward stage's hooks and vector-Jacobian products
 
 
 class BackendDefaults:

@@ -17,7 +17,7 @@ import mindspore as ms
 import mindspore.common.dtype as mstype
 from mindspore import Tensor
 
-from probes.backends import mindspore_xp
+from probes.backends import mindspore_autodiff, mindspore_xp
 from probes.backends.base import BackendDefaults
 
 mindspore_xp.warm_up()  # NumPy 2: the first operator of a process fails once
@@ -167,3 +167,4 @@ class MindSporeBackend(BackendDefaults):
 
 
 BACKEND = MindSporeBackend()
+MindSporeBackend.autodiff = mindspore_autodiff  # the backward stage's hooks and VJPs (probes.backends.base.Autodiff)

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from probes.backends import torch_autodiff
 from probes.backends.base import BackendDefaults
 from probes.core import metrics
 
@@ -169,3 +170,4 @@ class TorchBackend(BackendDefaults):
 
 
 BACKEND = TorchBackend()
+TorchBackend.autodiff = torch_autodiff  # the backward stage's hooks and VJPs (probes.backends.base.Autodiff)

@@ -9,8 +9,10 @@ own lives here:
   `mindspore.mint.matmul`, `mindspore.mint.nn.functional.relu`), matched exactly;
 * a kernel the MindSpore target lacks for a dtype (bf16 Abs/Greater/MatMul on the CPU, ...)
   cancels that check with a log line and a `not_checked` entry in summary.json;
-* the backward stage, preheat, to_cpu and fuzz_device "cpu" are not available (the reference's
-  MindSpore front-end has no to_cpu and ignores preheat).
+* preheat, to_cpu and fuzz_device "cpu" are not available (the reference's MindSpore front-end
+  has no to_cpu and ignores preheat);
+* the backward stage uses the real cotangent, read by tensor hooks inside the user's grad function
+  (probes.backends.mindspore_autodiff), like PyTorch's.
 """
 
 from __future__ import annotations
@@ -36,8 +38,8 @@ _UNSUPPORTED = re.compile(r"Select (\w+) operator\[(\w+)\] fail! Unsupported dat
 class ExactSelection(Selection):
     """`list` of MindSpore full dotted names: an API is selected when its name is listed."""
 
-    def __init__(self, keys: frozenset[str]) -> None:
-        super().__init__((), ())
+    def __init__(self, keys: frozenset[str], stage: str = "forward") -> None:
+        super().__init__((), (), stage)
         self.keys = keys
 
     def static(self, key: str) -> bool | None:
@@ -54,16 +56,20 @@ class _MindSporeProbe(FreeBenchmarkProbe):
         try:
             super()._check(meta, name, *rest)
         except (TypeError, RuntimeError, ValueError) as exc:
-            found = _UNSUPPORTED.search(str(exc))
-            if found is None:
+            if not self._cancelled_by_framework(meta.key, name, exc):
                 raise
-            self.backend.drain_errors()
-            device, kernel = found.groups()
-            reason = (f"MindSpore's {device} target has no {kernel} kernel for the dtypes of this call; "
-                      "check cancelled")
-            if (meta.key, reason) not in self._logged:
-                log.warning("free_benchmark: %s: %s", name, reason)
-            self._skip(meta.key, reason)
+
+    def _cancelled_by_framework(self, key: str, name: str, exc: BaseException) -> bool:
+        found = _UNSUPPORTED.search(str(exc)) if isinstance(exc, (TypeError, RuntimeError, ValueError)) else None
+        if found is None:
+            return False
+        self.backend.drain_errors()
+        device, kernel = found.groups()
+        reason = f"MindSpore's {device} target has no {kernel} kernel for the dtypes of this call; check cancelled"
+        if (key, reason) not in self._logged:
+            log.warning("free_benchmark: %s: %s", name, reason)
+        self._skip(key, reason)
+        return True
 
     def _error(self, key: str, name: str, exc: BaseException) -> None:
         self.backend.drain_errors()  # the failed check's queued operators must not fail later in user code
@@ -77,9 +83,6 @@ class MindSporeFreeBenchmark(FreeBenchmarkRun):
         import mindspore as ms
 
         fb = config.free_benchmark
-        if fb.fuzz_stage == "backward":
-            raise ConfigError("free_benchmark.fuzz_stage", "backward", "this version checks the forward stage only",
-                              'use "forward"; the backward stage is planned')
         if fb.pert_mode == "to_cpu" or fb.fuzz_device == "cpu":
             raise ConfigError("free_benchmark.pert_mode" if fb.pert_mode == "to_cpu" else "free_benchmark.fuzz_device",
                               fb.pert_mode if fb.pert_mode == "to_cpu" else fb.fuzz_device,
@@ -113,7 +116,7 @@ class MindSporeFreeBenchmark(FreeBenchmarkRun):
                                       "it is not an API of the MindSpore free_benchmark whitelist in this MindSpore",
                                       hint)
             chosen = frozenset(by_name[e] for e in fb.api_list)
-            self.probe.selection = ExactSelection(chosen)
+            self.probe.selection = ExactSelection(chosen, fb.fuzz_stage)
             for m in self.catalog:
                 if m.key in chosen and m.exclusion:
                     log.info("free_benchmark: %s is listed but is never re-run: %s", full_name(m.key), m.exclusion)

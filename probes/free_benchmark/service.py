@@ -26,6 +26,7 @@ from probes.core.errors import ProbeError
 from probes.core.records import FREE_BENCHMARK_COLUMNS, FreeBenchmarkRow
 from probes.core.trees import format_path, iter_leaves, tree_map
 from probes.core.writers import CsvAppender, write_json_atomic
+from probes.free_benchmark.backward import BackwardCheck
 from probes.free_benchmark.compare import StructureMismatch, compare_outputs
 from probes.free_benchmark.perturbations import Cancelled, make_perturbation
 
@@ -65,7 +66,8 @@ class ApiStats:
 class Selection:
     """The scope/list filter of spec §2.1: scope = exact full names, list = substrings of them."""
 
-    def __init__(self, scope: tuple[str, ...], api_list: tuple[str, ...]) -> None:
+    def __init__(self, scope: tuple[str, ...], api_list: tuple[str, ...], stage: str = "forward") -> None:
+        self.suffix = "." + stage  # names are {key}.{index}.{stage}
         self.scope = frozenset(scope)
         self.scope_keys = frozenset(s.rsplit(".", 2)[0] for s in scope)
         self.api_list = api_list
@@ -82,7 +84,7 @@ class Selection:
             decision: bool | None = None if key in self.scope_keys else False
         elif not self.api_list:
             decision = True
-        elif any(e in key + "." or e in ".forward" for e in self.plain):
+        elif any(e in key + "." or e in self.suffix for e in self.plain):
             decision = True
         else:
             decision = None if self.counted else False
@@ -102,7 +104,7 @@ class Selection:
         bad = []
         for e in self.api_list:
             probe = e.split(".forward")[0].split(".backward")[0]
-            if not any(e in k + "." or e in ".forward" or probe in k + "." or k.startswith(probe) for k in keys):
+            if not any(e in k + "." or e in self.suffix or probe in k + "." or k.startswith(probe) for k in keys):
                 bad.append(e)
         for s in self.scope:
             if s.rsplit(".", 2)[0] not in keys:
@@ -126,7 +128,8 @@ class FreeBenchmarkProbe:
         self.call_exclusion = call_exclusion
         self.framework = framework
         self.perturbation = make_perturbation(self.fb.pert_mode, backend, self.fb.add_noise_style)
-        self.selection = Selection(self.fb.scope, self.fb.api_list)
+        self.selection = Selection(self.fb.scope, self.fb.api_list, self.fb.fuzz_stage)
+        self.backward = BackwardCheck(self) if self.fb.fuzz_stage == "backward" else None
         self.dump_path = Path(config.dump_path)
         self.current_step = 0
         self.rank: int | None = None
@@ -167,6 +170,8 @@ class FreeBenchmarkProbe:
         self.current_step += 1
         self._dirty = True  # steps_seen
         self.counters.clear()
+        if self.backward is not None:
+            self.backward.end_step()
         self.refresh()
 
     # the per-call path -------------------------------------------------------------------------
@@ -185,13 +190,15 @@ class FreeBenchmarkProbe:
             return original(*args, **kwargs)
         if self.selection.static(key) is False:  # most calls of a listed run: no name to build
             return original(*args, **kwargs)
-        name = f"{key}.{index}.forward"
+        name = f"{key}.{index}{self.selection.suffix}"
         if not self.selection.selects(key, name):
             return original(*args, **kwargs)
         stats = self.stats.get(key)
         if stats is None:
             stats = self.stats[key] = ApiStats()
         stats.calls += 1
+        if self.backward is not None:
+            return self.backward.on_call(meta, name, stats, original, args, kwargs)
         snapshot = self.backend.rng_snapshot(args)
         out = original(*args, **kwargs)
         try:
@@ -229,6 +236,10 @@ class FreeBenchmarkProbe:
         except StructureMismatch as exc:
             self._skip(meta.key, f"perturbed output has another structure ({exc})")
             return
+        self._record(meta.key, name, stats, verdicts, self.current_step)
+
+    def _record(self, key: str, name: str, stats: ApiStats, verdicts: list[Any], step: int) -> None:
+        """Count a finished check and write a row per inconsistent leaf (both stages)."""
         stats.checked += 1
         self._dirty = True
         bad = [v for v in verdicts if not v.consistent]
@@ -237,12 +248,12 @@ class FreeBenchmarkProbe:
         if not bad:
             return
         stats.flagged += 1
-        csv_path = self._csv_path(self.current_step)
+        csv_path = self._csv_path(step)
         for v in bad:
             row = FreeBenchmarkRow(
-                rank=self.rank or 0, pert_mode=self.fb.pert_mode, stage=self.fb.fuzz_stage, step=self.current_step,
+                rank=self.rank or 0, pert_mode=self.fb.pert_mode, stage=self.fb.fuzz_stage, step=step,
                 api_name=name, max_rel=v.max_rel, dtype=v.dtype_repr, shape=v.shape_repr,
-                output_index=format_path(v.path), api=meta.key, threshold=v.threshold, figure=v.figure,
+                output_index=format_path(v.path), api=key, threshold=v.threshold, figure=v.figure,
                 detail=dict(v.detail, csv=str(csv_path)),
             )
             self._add_row(row)
@@ -274,6 +285,10 @@ class FreeBenchmarkProbe:
             b.replace_data(leaf, new)
 
     # bookkeeping -------------------------------------------------------------------------------
+    def _cancelled_by_framework(self, key: str, name: str, exc: BaseException) -> bool:
+        """True when `exc` means the framework cannot run this check (recorded as a skip)."""
+        return False
+
     def _skip(self, key: str, reason: str) -> None:
         self.skipped[(key, reason)] += 1
         self._dirty = True

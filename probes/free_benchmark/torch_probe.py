@@ -26,9 +26,6 @@ class TorchFreeBenchmark(FreeBenchmarkRun):
 
     def __init__(self, config: ProbeConfig) -> None:
         fb = config.free_benchmark
-        if fb.fuzz_stage == "backward":
-            raise ConfigError("free_benchmark.fuzz_stage", "backward", "this version checks the forward stage only",
-                              'use "forward"; the backward stage is planned')
         if fb.if_preheat:
             raise ConfigError("free_benchmark.if_preheat", True, "preheat is not available in this version",
                               "set it to false; preheat is planned")

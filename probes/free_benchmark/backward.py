@@ -1,0 +1,259 @@
+"""free_benchmark's backward stage, written once for every framework (spec §5, B10-B13, B22, B34).
+
+At a selected call: run the original (its output object is returned unchanged), keep the inputs
+(on their device, detached, shared storage) and ask the backend's autodiff for a one-shot callback
+that receives the real cotangents of the call's outputs during the user's backward pass. There,
+with hooks suspended and the forward's random state replayed:
+
+    g_orig = vjp(original at the saved inputs,     real cotangent)
+    g_pert = vjp(original at the perturbed inputs, real cotangent)
+
+and the two are compared leaf by leaf with the ratio rule at the backward clamp floor (1e-3),
+one row per inconsistent gradient, `output_index` = its position among the differentiable inputs.
+Both sides are recomputed from the same call with the same cotangent, so a gradient accumulated
+over several consumers (B11) or a stale recomputation of another step (B10) is never compared.
+
+Nothing outlives the graph or the step: the callback and what it keeps belong to hooks inside the
+outputs' autograd graph (they die with it when backward never runs, B13), the callback drops its
+inputs when it fires, and at the end of each step every call still waiting is released and its
+hooks removed. The only record of waiting calls is a weak set.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from probes.backends.patching import suspended
+from probes.core import thresholds as th
+from probes.core.errors import ProbeError
+from probes.core.trees import iter_leaves, replace_at, tree_map
+from probes.free_benchmark.compare import StructureMismatch, compare_outputs
+from probes.free_benchmark.perturbations import Cancelled
+
+NOT_RECORDED = "its backward is not recorded (gradient recording is off, e.g. no_grad or inference)"
+NO_GRAD_INPUT = "no floating-point input requires a gradient"
+NO_GRAD_OUTPUT = "no floating-point output carries a gradient"
+RETURNS_INPUT = "returns one of its inputs: its gradient is not this call's own"
+MODIFIED = "an input was modified in place before the backward pass: its gradient cannot be recomputed"
+LATE = "its backward ran after the step of the forward call had ended"
+
+
+def _get(args: tuple, kwargs: dict, where: str, path: tuple) -> Any:
+    node: Any = args if where == "args" else kwargs
+    for p in path:
+        node = node[p]
+    return node
+
+
+def _put(args: tuple, kwargs: dict, where: str, path: tuple, value: Any) -> tuple[tuple, dict]:
+    if where == "args":
+        return replace_at(args, path, value), kwargs
+    return args, replace_at(kwargs, path, value)
+
+
+class _Call:
+    """What one selected call keeps until its backward: saved inputs, where the differentiable
+    inputs and outputs are, the random state and autocast context of the forward."""
+
+    __slots__ = ("key", "name", "step", "stats", "original", "args", "kwargs", "mutates", "grad_at", "out_paths",
+                 "versions", "rng", "context", "hooks", "check", "__weakref__")
+
+    def release(self, unhook: bool = False) -> None:
+        """Drop the inputs and the callback; `unhook` also unregisters the hooks (only outside a
+        backward pass). Idempotent."""
+        hooks, self.hooks = self.hooks() if self.hooks is not None else None, None
+        self.args = self.kwargs = self.rng = self.context = self.original = self.check = None
+        if hooks is not None and unhook:
+            hooks.release()
+        elif hooks is not None:
+            hooks.remove()
+
+
+class BackwardCheck:
+    """The backward stage of one FreeBenchmarkProbe (its bookkeeping: _record, _skip, _error)."""
+
+    def __init__(self, probe: Any) -> None:
+        self.probe = probe
+        self.backend = probe.backend
+        self.autodiff = probe.backend.autodiff
+        self.waiting: weakref.WeakSet[_Call] = weakref.WeakSet()
+
+    # forward side ------------------------------------------------------------------------------
+    def on_call(self, meta: Any, name: str, stats: Any, original: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        probe, b, ad = self.probe, self.backend, self.autodiff
+        if not ad.recording():
+            probe._skip(meta.key, NOT_RECORDED)
+            return original(*args, **kwargs)
+        grad_at = [(where, path) for where, path, leaf in _float_inputs(b, args, kwargs) if ad.requires_grad(leaf)]
+        if not grad_at:
+            probe._skip(meta.key, NO_GRAD_INPUT)
+            return original(*args, **kwargs)
+        try:
+            call = self._save(meta, name, stats, original, args, kwargs, grad_at)
+        except Exception as exc:
+            self._failed(meta.key, name, exc)
+            return original(*args, **kwargs)
+        out = original(*args, **kwargs)
+        try:
+            self._attach(call, out, args, kwargs)
+        except Exception as exc:
+            call.release(unhook=True)
+            self._failed(meta.key, name, exc)
+        return out
+
+    def _save(self, meta, name, stats, original, args, kwargs, grad_at) -> _Call:
+        b, ad = self.backend, self.autodiff
+        copy = bool(meta.mutates_inputs)
+
+        def keep(x: Any) -> Any:
+            return ad.save_input(x, copy) if b.is_tensor(x) else x
+
+        call = _Call()
+        call.key, call.name, call.step, call.stats = meta.key, name, self.probe.current_step, stats
+        call.original, call.mutates, call.grad_at = original, copy, grad_at
+        call.args, call.kwargs = tree_map(keep, args), tree_map(keep, kwargs)
+        call.versions = None if copy else [
+            (where, path, ad.version(leaf)) for where, path, leaf in _tensor_inputs(b, args, kwargs)
+        ]
+        call.rng = b.rng_snapshot(args)
+        call.context = ad.forward_context()
+        call.hooks = None
+        call.check = self._check
+        return call
+
+    def _attach(self, call: _Call, out: Any, args: tuple, kwargs: dict) -> None:
+        b, ad, probe = self.backend, self.autodiff, self.probe
+        inputs = {id(leaf) for _p, leaf in iter_leaves((args, kwargs)) if b.is_tensor(leaf)}
+        paths, outs = [], []
+        for path, leaf in iter_leaves(out):
+            if b.is_tensor(leaf) and b.is_float(leaf) and ad.requires_grad(leaf):
+                if id(leaf) in inputs:
+                    call.release()
+                    probe._skip(call.key, RETURNS_INPUT)
+                    return
+                paths.append(path)
+                outs.append(leaf)
+        if not outs:
+            call.release()
+            probe._skip(call.key, NO_GRAD_OUTPUT)
+            return
+        call.out_paths = paths
+        # ownership runs one way: graph -> hooks -> _Fire -> call, and the call sees its hooks
+        # through a weak reference, so no cycle keeps the inputs alive once the graph is gone
+        call.hooks = weakref.ref(ad.on_backward(outs, _Fire(call)))
+        self.waiting.add(call)
+
+    def end_step(self) -> None:
+        """Release every call of the ending step whose backward has not run (its hooks too)."""
+        for call in list(self.waiting):
+            call.release(unhook=True)
+        self.waiting.clear()
+
+    # backward side -----------------------------------------------------------------------------
+    def _check(self, call: _Call, cotangents: list[Any]) -> None:
+        probe, b = self.probe, self.backend
+        if call.step != probe.current_step:
+            probe._skip(call.key, LATE)
+            return
+        if call.versions is not None:
+            for where, path, v in call.versions:
+                if v is not None and self.autodiff.version(_get(call.args, call.kwargs, where, path)) != v:
+                    probe._skip(call.key, MODIFIED)
+                    return
+        pert = probe.perturbation.build(call.args, call.kwargs)
+        if isinstance(pert, Cancelled):
+            probe._skip(call.key, pert.reason)
+            return
+        after = b.rng_snapshot(None)
+        try:
+            with suspended(), self.autodiff.recompute(call.context):
+                b.rng_restore(call.rng)
+                g_orig = self._vjp(call, call.args, call.kwargs, cotangents)
+                b.rng_restore(call.rng)
+                g_pert = self._vjp(call, pert.args, pert.kwargs, cotangents)
+        finally:
+            b.rng_restore(after)
+        pert = None  # free the perturbed inputs before comparing
+        pairs = [(i, g, h) for i, (g, h) in enumerate(zip(g_orig, g_pert)) if g is not None or h is not None]
+        if any(g is None or h is None for _i, g, h in pairs):
+            probe._skip(call.key, "the perturbed and the original call do not reach the same inputs")
+            return
+        original = {i: g for i, g, _h in pairs}
+        perturbed = {i: h for i, _g, h in pairs}
+        try:
+            verdicts = compare_outputs(b, original, perturbed, pert_mode=probe.fb.pert_mode,
+                                       tolerance=th.BACKWARD_TOLERANCE)
+        except StructureMismatch as exc:
+            probe._skip(call.key, f"perturbed gradients have another structure ({exc})")
+            return
+        probe._record(call.key, call.name, call.stats, verdicts, call.step)
+
+    def _vjp(self, call: _Call, args: tuple, kwargs: dict, cotangents: list[Any]) -> list[Any]:
+        b = self.backend
+        if call.mutates:  # each recomputation mutates its own copies
+            def fresh(x: Any) -> Any:
+                return b.clone(x) if b.is_tensor(x) else x
+
+            args, kwargs = tree_map(fresh, args), tree_map(fresh, kwargs)
+        if kwargs.get("inplace"):
+            kwargs = dict(kwargs, inplace=False)
+        grad_at, out_paths, original = call.grad_at, call.out_paths, call.original
+        primals = [_get(args, kwargs, where, path) for where, path in grad_at]
+
+        def fn(*xs: Any) -> list[Any]:
+            a, k = args, kwargs
+            for (where, path), x in zip(grad_at, xs):
+                a, k = _put(a, k, where, path, x)
+            out = original(*a, **k)
+            leaves = dict(iter_leaves(out))
+            return [leaves.get(p) for p in out_paths]
+
+        return self.autodiff.vjp(fn, primals, cotangents)
+
+    def _failed(self, key: str, name: str, exc: BaseException) -> None:
+        probe = self.probe
+        if probe._cancelled_by_framework(key, name, exc):
+            return
+        if probe.config.strict:
+            raise ProbeError(f"free_benchmark failed on {name}: {exc}") from exc
+        probe._error(key, name, exc)
+
+
+class _Fire:
+    """The one-shot callback handed to the backend: takes the call out of the waiting set,
+    drops its inputs whatever happens, and never raises into the backward pass unless strict."""
+
+    __slots__ = ("call",)
+
+    def __init__(self, call: _Call) -> None:
+        self.call = call
+
+    def __call__(self, cotangents: list[Any]) -> None:
+        call, self.call = self.call, None
+        if call is None or call.check is None:
+            return
+        check = call.check
+        driver = check.__self__
+        driver.waiting.discard(call)
+        try:
+            check(call, cotangents)
+        except Exception as exc:
+            driver._failed(call.key, call.name, exc)
+        finally:
+            call.release()
+
+
+def _float_inputs(backend: Any, args: tuple, kwargs: dict):
+    for where, tree in (("args", args), ("kwargs", kwargs)):
+        for path, leaf in iter_leaves(tree):
+            if backend.is_tensor(leaf) and backend.is_float(leaf):
+                yield where, path, leaf
+
+
+def _tensor_inputs(backend: Any, args: tuple, kwargs: dict):
+    for where, tree in (("args", args), ("kwargs", kwargs)):
+        for path, leaf in iter_leaves(tree):
+            if backend.is_tensor(leaf):
+                yield where, path, leaf

@@ -24,7 +24,11 @@ import pytest
 TASKS = ("free_benchmark", "grad_probe", "online_dispatch")
 AVAILABLE_TASKS = ("free_benchmark", "grad_probe")
 FAIL_ON = ("risk", "never")
+DEVICES = ("auto", "npu", "cuda", "cpu")
+# fixtures that run a probe themselves: a test using one is not also run under the session's probe
+TOOL_FIXTURES = ("free_benchmark", "grad_probe", "online_dispatch")
 _SESSION_KEY = pytest.StashKey["MsprobeSession"]()
+_OPTIONS_KEY = pytest.StashKey["MsprobeOptions"]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -32,12 +36,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--msprobe-task", default=None, help=f"run every test under a probe: {', '.join(TASKS)}")
     group.addoption("--msprobe-config", default=None, help="msprobe config.json (same keys as msprobe 8.3.3)")
     group.addoption("--msprobe-dump-path", default=None, help="where results go (default: .msprobe/ under rootdir)")
+    group.addoption("--msprobe-device", default=None,
+                    help=f"{' | '.join(DEVICES)}: the device under test (auto: npu, else cuda, else cpu)")
     group.addoption("--msprobe-fail-on", default=None,
                     help=f"{' | '.join(FAIL_ON)}: fail tests that trip a rule (risk, default) or only report (never)")
-    parser.addini("msprobe_task", "default for --msprobe-task", default=None)
-    parser.addini("msprobe_config", "default for --msprobe-config", default=None)
-    parser.addini("msprobe_dump_path", "default for --msprobe-dump-path", default=None)
-    parser.addini("msprobe_fail_on", "default for --msprobe-fail-on", default=None)
+    group.addoption("--msprobe-regen-golden", action="store_true", default=None,
+                    help="(re)write the golden files tests compare against; those tests fail once")
+    for name in ("task", "config", "dump_path", "device", "fail_on"):
+        parser.addini(f"msprobe_{name}", f"default for --msprobe-{name.replace('_', '-')}", default=None)
+    parser.addini("msprobe_regen_golden", "default for --msprobe-regen-golden", type="bool", default=False)
 
 
 def _option(config: pytest.Config, name: str) -> Any:
@@ -47,35 +54,69 @@ def _option(config: pytest.Config, name: str) -> Any:
     return value
 
 
+class MsprobeOptions:
+    """The plugin's options after validation; the probe config is read lazily (fixtures)."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.pytest_config = config
+        self.task: str | None = _option(config, "task")
+        self.cfg_file: str | None = _option(config, "config")
+        self.fail_on: str = _option(config, "fail_on") or "risk"
+        self.device_choice: str = _option(config, "device") or "auto"
+        self.regen_golden = bool(_option(config, "regen_golden"))
+        dump = _option(config, "dump_path")
+        self.root = Path(dump) if dump is not None else Path(config.rootpath) / ".msprobe"
+        self.dump_given = dump is not None
+        self._device: str | None = None
+        if self.task is not None and self.task not in TASKS:
+            raise pytest.UsageError(f"--msprobe-task={self.task!r} is not a task; allowed: {', '.join(TASKS)}")
+        if self.task is not None and self.task not in AVAILABLE_TASKS:
+            raise pytest.UsageError(f"--msprobe-task={self.task} is not available in this version yet; "
+                                    f"allowed now: {', '.join(AVAILABLE_TASKS)}")
+        if self.fail_on not in FAIL_ON:
+            raise pytest.UsageError(f"--msprobe-fail-on={self.fail_on!r}; allowed: {', '.join(FAIL_ON)}")
+        if self.device_choice not in DEVICES:
+            raise pytest.UsageError(f"--msprobe-device={self.device_choice!r}; allowed: {', '.join(DEVICES)}")
+        if self.device_choice in ("cuda", "npu"):  # asked for explicitly: it must be there
+            self.device  # noqa: B018 - resolve now, so a missing device stops the run before any test
+
+    @property
+    def device(self) -> str:
+        if self._device is None:
+            from probes.backends.devices import DeviceUnavailable, resolve_device
+
+            try:
+                self._device = resolve_device(self.device_choice)
+            except DeviceUnavailable as exc:
+                raise pytest.UsageError(f"--msprobe-device={self.device_choice}: {exc}") from None
+        return self._device
+
+    def probe_config(self, task: str | None, dump_path: Path | str | None = None, overrides: dict | None = None) -> Any:
+        """The effective config for `task`: the config file (if any), `overrides`, the dump path."""
+        from probes.core.config import load_config
+        from probes.core.errors import ConfigError
+
+        raw_dump = dump_path
+        if raw_dump is None and (self.dump_given or self.cfg_file is None):
+            raw_dump = self.root
+        try:
+            return load_config(self.cfg_file, task=task, overrides=overrides or None,
+                               dump_path=None if raw_dump is None else str(raw_dump))
+        except ConfigError as exc:
+            where = f"--msprobe-config {self.cfg_file}" if self.cfg_file else "--msprobe-task"
+            if overrides:
+                raise
+            raise pytest.UsageError(f"{where}: {exc}") from None
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "msprobe_off: run this test without the session's probe")
-    task = _option(config, "task")
-    if task is None:
+    options = MsprobeOptions(config)
+    config.stash[_OPTIONS_KEY] = options
+    if options.task is None:
         return
-    if task not in TASKS:
-        raise pytest.UsageError(f"--msprobe-task={task!r} is not a task; allowed: {', '.join(TASKS)}")
-    if task not in AVAILABLE_TASKS:
-        raise pytest.UsageError(
-            f"--msprobe-task={task} is not available in this version yet; allowed now: {', '.join(AVAILABLE_TASKS)}")
-    fail_on = _option(config, "fail_on") or "risk"
-    if fail_on not in FAIL_ON:
-        raise pytest.UsageError(f"--msprobe-fail-on={fail_on!r}; allowed: {', '.join(FAIL_ON)}")
-    from probes.core.config import load_config
-    from probes.core.errors import ConfigError
-
-    dump = _option(config, "dump_path")
-    cfg_file = _option(config, "config")
-    try:
-        raw_dump = dump
-        if raw_dump is None and cfg_file is None:
-            raw_dump = str(Path(config.rootpath) / ".msprobe")
-        probe_config = load_config(cfg_file, task=task, dump_path=raw_dump)
-        if probe_config.task != task:
-            raise ConfigError("task", probe_config.task, f"--msprobe-task={task} needs a {task} config")
-    except ConfigError as exc:
-        where = f"--msprobe-config {cfg_file}" if cfg_file else "--msprobe-task"
-        raise pytest.UsageError(f"{where}: {exc}") from None
-    config.stash[_SESSION_KEY] = MsprobeSession(config, probe_config, fail_on)
+    probe_config = options.probe_config(options.task)
+    config.stash[_SESSION_KEY] = MsprobeSession(config, probe_config, options.fail_on)
 
 
 class MsprobeSession:
@@ -92,10 +133,7 @@ class MsprobeSession:
         self.results: list[tuple[str, dict[str, Any]]] = []  # (nodeid, per-test result)
 
     def test_dump_path(self, nodeid: str) -> Path:
-        safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid).strip("_")
-        if len(safe) > 120:
-            safe = safe[:100] + "_" + hashlib.sha1(nodeid.encode()).hexdigest()[:10]
-        return self.root / "tests" / safe
+        return test_dump_path(self.root, nodeid)
 
     def test_config(self, item: pytest.Item) -> Any:
         from dataclasses import replace
@@ -104,6 +142,14 @@ class MsprobeSession:
 
     def table(self) -> dict[str, dict[str, Any]]:
         return self.task.table(self.results)
+
+
+def test_dump_path(root: Path, nodeid: str) -> Path:
+    """`{root}/tests/<nodeid made safe>`: one folder per test, so xdist workers never share a file."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid).strip("_")
+    if len(safe) > 120:
+        safe = safe[:100] + "_" + hashlib.sha1(nodeid.encode()).hexdigest()[:10]
+    return root / "tests" / safe
 
 
 def _framework_of(item: pytest.Item) -> str | None:
@@ -133,6 +179,8 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
     session: MsprobeSession | None = item.config.stash.get(_SESSION_KEY, None)
     if session is None or item.get_closest_marker("msprobe_off"):
         return (yield)
+    if any(name in TOOL_FIXTURES for name in getattr(item, "fixturenames", ())):
+        return (yield)  # the test runs its probes itself
     framework = _framework_of(item)
     if framework is None:
         return (yield)
@@ -150,6 +198,62 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
         if message and session.fail_on == "risk":
             pytest.fail(message, pytrace=False)
     return result
+
+
+# fixtures -------------------------------------------------------------------------------------
+@pytest.fixture
+def msprobe_config(request: pytest.FixtureRequest) -> Any:
+    """The effective probe config: the session's (with --msprobe-task), else --msprobe-config's
+    (or the defaults) with the dump path of this run."""
+    session: MsprobeSession | None = request.config.stash.get(_SESSION_KEY, None)
+    if session is not None:
+        return session.probe_config
+    options: MsprobeOptions = request.config.stash[_OPTIONS_KEY]
+    return options.probe_config(options.task or (None if options.cfg_file else "free_benchmark"))
+
+
+@pytest.fixture
+def msprobe_device(request: pytest.FixtureRequest) -> str:
+    """The device under test ("npu", "cuda" or "cpu"), from --msprobe-device (default auto)."""
+    return request.config.stash[_OPTIONS_KEY].device
+
+
+def _tool_factory(request: pytest.FixtureRequest, tool: str) -> Any:
+    from pytest_msprobe.tool_runs import RUNS
+
+    options: MsprobeOptions = request.config.stash[_OPTIONS_KEY]
+    item = request.node
+    made: list[Any] = []
+
+    def make(*, framework: str | None = None, **overrides: Any) -> Any:
+        """A run of the tool around a `with` block; keyword arguments override config keys."""
+        dump = test_dump_path(options.root, item.nodeid) / f"{tool}{len(made)}"
+        cfg = options.probe_config(tool, dump, overrides)
+        fw = framework or _framework_of(item) or "pytorch"
+        if fw not in ("pytorch", "mindspore"):
+            raise ValueError(f"framework={fw!r}; allowed: pytorch, mindspore")
+        run = RUNS[tool](fw, cfg, f"{item.nodeid} [{tool}{len(made)}]")
+        made.append(run)
+        return run
+
+    def close_all() -> None:  # a run left open by the test must not leave hooks behind
+        for run in made:
+            run.close()
+
+    request.addfinalizer(close_all)
+    return make
+
+
+@pytest.fixture
+def free_benchmark(request: pytest.FixtureRequest) -> Any:
+    """`with free_benchmark(pert_mode="bit_noise", list=["softmax"]) as fb: ...; fb.assert_clean()`"""
+    return _tool_factory(request, "free_benchmark")
+
+
+@pytest.fixture
+def grad_probe(request: pytest.FixtureRequest) -> Any:
+    """`with grad_probe() as run: train(...)`; `run.assert_directions_close(other_run)`"""
+    return _tool_factory(request, "grad_probe")
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

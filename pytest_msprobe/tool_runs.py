@@ -1,0 +1,139 @@
+"""The objects the `free_benchmark` and `grad_probe` fixtures hand to a test: a probe run around
+a block of the test's code, and its results with an assertion that reads like a test failure.
+
+Each use of a fixture in a test is a run of its own, with its own dump folder
+(`{test dump}/{tool}{k}`), so two runs in one test (fp32 vs bf16, before vs after a change) can be
+compared with each other.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pytest_msprobe.reporting import failure_message
+
+
+class ToolRun:
+    """A context manager around test code; results are read after the block."""
+
+    tool = ""
+
+    def __init__(self, framework: str, config: Any, label: str) -> None:
+        self.framework = framework
+        self.config = config
+        self.label = label
+        self.dump_path = Path(config.dump_path)
+        self._handle: Any = None
+        self._closed = False
+        self.summary: dict[str, Any] = {}
+
+    def __enter__(self) -> ToolRun:
+        self._start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Finish the run (idempotent): hooks removed, results read."""
+        if self._handle is not None and not self._closed:
+            self._closed = True
+            self._finish()
+
+    def _start(self) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _finish(self) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class FreeBenchmarkRun(ToolRun):
+    """`with free_benchmark(pert_mode="bit_noise", list=["softmax"]) as fb: ...`, then `fb.rows`,
+    `fb.flagged_apis`, `fb.assert_clean()`. `fb.step()` marks a training step inside the block."""
+
+    tool = "free_benchmark"
+
+    def _start(self) -> None:
+        if self.framework == "mindspore":
+            from probes.mindspore import PrecisionDebugger
+        else:
+            from probes.pytorch import PrecisionDebugger
+        self._handle = PrecisionDebugger(config=self.config)
+        self._handle.start()
+
+    def step(self) -> None:
+        self._handle.step()
+
+    def _finish(self) -> None:
+        self._handle.stop()
+        self.summary = self._handle.summary()
+
+    @property
+    def rows(self) -> list[Any]:
+        """The inconsistent outputs (records of free_benchmark.csv rows)."""
+        return self._handle.rows if self._handle is not None else []
+
+    @property
+    def flagged_apis(self) -> list[str]:
+        return sorted(api for api, s in self.summary.get("apis", {}).items() if s["flagged"])
+
+    def assert_clean(self) -> None:
+        """Fail, with each flagged API's figure, threshold and evidence file, unless every
+        checked output stayed within its dtype's threshold."""
+        if self._handle is None or not self.summary:
+            raise RuntimeError("assert_clean() reads the results of a finished run: call it after the `with` block")
+        if self.flagged_apis:
+            raise AssertionError(failure_message(self.label, self.summary))
+
+
+class GradProbeRun(ToolRun):
+    """`with grad_probe() as run: train(...)` monitors every optimizer stepped in the block; then
+    `run.assert_finite()` and `run.assert_directions_close(other_run_or_dump_path)`."""
+
+    tool = "grad_probe"
+
+    def _start(self) -> None:
+        if self.framework == "mindspore":
+            from probes.grad_probe.mindspore_watch import MindSporeOptimizerWatch as Watch
+        else:
+            from probes.grad_probe.torch_watch import TorchOptimizerWatch as Watch
+        self._handle = Watch(self.config).start()
+
+    def _finish(self) -> None:
+        self._handle.stop()
+        self.summary = self._handle.summary()
+
+    @property
+    def nonfinite(self) -> list[Any]:
+        from probes.grad_probe.health import nonfinite_gradients
+
+        return nonfinite_gradients(self.dump_path)
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps recorded by the first optimizer of the block."""
+        first = self.summary.get("optimizers") or [{}]
+        return len(first[0].get("steps_written", []))
+
+    def assert_finite(self) -> None:
+        bad = self.nonfinite
+        if bad:
+            shown = "\n".join(f"  {f.describe()}" for f in bad[:10])
+            raise AssertionError(f"{self.label}: {len(bad)} non-finite gradient statistic(s):\n{shown}\n"
+                                 f"evidence: {bad[0].csv}")
+
+    def assert_directions_close(self, other: GradProbeRun | str | Path, first_step_min: float = 0.97,
+                                max_drop: float = 0.03) -> None:
+        """The direction rule between this run and `other` (a run or a grad_probe dump path):
+        similarity ≥ first_step_min at the first step, no drop > max_drop after it."""
+        from probes.grad_probe.direction_rule import assert_grad_directions_close
+
+        if not self.summary.get("optimizers"):
+            raise AssertionError(f"{self.label}: no optimizer stepped inside the grad_probe block; nothing to compare")
+        other_path = other.dump_path if isinstance(other, GradProbeRun) else Path(other)
+        assert_grad_directions_close(self.dump_path, other_path, first_step_min, max_drop,
+                                     out=self.dump_path.parent / f"{self.dump_path.name}_vs_{other_path.name}")
+
+
+RUNS: dict[str, type[ToolRun]] = {"free_benchmark": FreeBenchmarkRun, "grad_probe": GradProbeRun}

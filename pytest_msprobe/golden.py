@@ -1,0 +1,259 @@
+"""Golden-file regression: compare a run's precision results with ones stored under ``golden/``.
+
+Modelled on pytest-regressions: one shared check routine serves every kind of result, a missing
+golden fails with the command that creates it, ``--msprobe-regen-golden`` (``regen=True``) writes
+the golden and fails the test once so that nobody accepts new figures without looking at them,
+and a failure prints statistics (golden figure, new figure, allowed bound, counts), worst first.
+
+Layout: ``{root}/{name}/meta.json`` (kind, the versions and device that made it, the date) plus
+the kind's content files (see :mod:`pytest_msprobe.golden_kinds`). Every file is deterministic:
+the same data gives the same bytes, so regenerating an unchanged golden leaves ``git diff``
+empty. The date comes from ``SOURCE_DATE_EPOCH`` when set (the reproducible-builds convention),
+and a regeneration that changes neither the content nor the versions keeps the files untouched.
+
+Plugin-agnostic and framework-free (numpy only): the caller passes the torch/mindspore version
+and the device in ``provenance``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Union
+
+import numpy as np
+
+from probes.core.errors import ConfigError
+from probes.core.writers import write_text_atomic
+from pytest_msprobe import golden_kinds as kinds
+
+META = "meta.json"
+FORMAT_VERSION = 1
+REGEN_OPTION = "--msprobe-regen-golden"
+MAX_ITEM_LINES = 10
+MAX_INFO_ITEMS = 5
+
+_NAME_PART = re.compile(r"^[A-Za-z0-9._-]+$")
+_NAME_MAX = 200
+_NAME_ALLOWED = ("a relative path of letters, digits and . _ - separated by single '/' "
+                 "(no '.' or '..' parts, no leading or trailing '/')")
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+@dataclass
+class GoldenOutcome:
+    """What one golden check found. ``details`` is JSON-serialisable (summary.json, xdist)."""
+
+    ok: bool
+    regenerated: bool
+    message: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def validate_name(name: object) -> str:
+    """The golden's folder under the store root, as given; ConfigError unless it is a safe
+    relative path (it becomes a directory name, so it must not climb out of the store)."""
+    if not isinstance(name, str) or not name or len(name) > _NAME_MAX:
+        raise ConfigError("golden name", name, _NAME_ALLOWED + f", 1 to {_NAME_MAX} characters")
+    parts = name.split("/")
+    if any(p in ("", ".", "..") or not _NAME_PART.match(p) for p in parts):
+        raise ConfigError("golden name", name, _NAME_ALLOWED)
+    return name
+
+
+def base_versions() -> dict[str, str]:
+    """The versions every golden records; the caller adds its framework and device."""
+    from probes import __version__ as probes_version
+
+    return {"python": platform.python_version(), "numpy": np.__version__, "probes": probes_version}
+
+
+def describe_made_with(made_with: dict[str, Any]) -> str:
+    """``torch 2.13.0 on cpu, python 3.11.7, numpy 2.4.6, probes 0.1.0``: the caller's entries
+    first (they are what usually explains a difference), the device as ``on X``."""
+    base = ("python", "numpy", "probes")
+    device = made_with.get("device")
+    extra = [f"{k} {v}" for k, v in sorted(made_with.items()) if k not in base and k != "device"]
+    if device is not None:
+        if extra:
+            extra[-1] += f" on {device}"
+        else:
+            extra.append(f"on {device}")
+    return ", ".join(extra + [f"{k} {made_with[k]}" for k in base if k in made_with])
+
+
+class GoldenStore:
+    """Golden files under ``root`` (``golden/`` beside the tests, usually)."""
+
+    def __init__(self, root: PathLike, regen: bool = False, provenance: dict[str, Any] | None = None) -> None:
+        if provenance is not None and not isinstance(provenance, dict):
+            raise ConfigError("provenance", provenance, "a dict such as {'torch': '2.13.0', 'device': 'cpu'} or None")
+        for key, value in (provenance or {}).items():
+            if not isinstance(key, str) or not isinstance(value, (str, int, float, bool)):
+                raise ConfigError(f"provenance[{key!r}]", value, "a str key with a str or number value")
+        self.root = Path(root)
+        self.regen = bool(regen)
+        self.made_with = {**base_versions(), **{k: str(v) for k, v in (provenance or {}).items()}}
+
+    def folder(self, name: str) -> Path:
+        return self.root / validate_name(name)
+
+    # -- the three kinds -------------------------------------------------------------------
+    def check_free_benchmark(self, name: str, apis: dict[str, Any], margin: float = kinds.FB_MARGIN,
+                             margin_abs: float = kinds.FB_MARGIN_ABS) -> GoldenOutcome:
+        """Per-API worst max_rel against the golden's (rule: :func:`golden_kinds.fb_bound`)."""
+        _non_negative("margin", margin)
+        _non_negative("margin_abs", margin_abs)
+        snapshot = kinds.fb_snapshot(apis)
+        return self._check(name, kinds.FREE_BENCHMARK, snapshot,
+                           lambda golden: kinds.fb_compare(golden, snapshot, margin, margin_abs))
+
+    def check_grad_run(self, name: str, dump_dir: PathLike, first_step_min: float = kinds.FIRST_STEP_MIN,
+                       max_drop: float = kinds.MAX_DROP, rtol: float = kinds.GRAD_RTOL,
+                       atol: float = kinds.GRAD_ATOL) -> GoldenOutcome:
+        """A grad_probe dump (rank folder or dump root, every rank) against the golden run: gradient
+        directions by the 0.97/0.03 rule, max/min/norm within ``atol + rtol * |golden|``."""
+        _non_negative("rtol", rtol)
+        _non_negative("atol", atol)
+        for key, value in (("first_step_min", first_step_min), ("max_drop", max_drop)):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value <= 1.0:
+                raise ConfigError(key, value, "a number in [0, 1]")
+        snapshot = kinds.grad_snapshot(dump_dir)
+        return self._check(name, kinds.GRAD_RUN, snapshot,
+                           lambda golden: kinds.grad_compare(golden, snapshot, first_step_min, max_drop, rtol, atol))
+
+    def check_online_dispatch(self, name: str, failing_ops: list[dict[str, Any]]) -> GoldenOutcome:
+        """Failing ops against the golden's: a failing op the golden does not list fails."""
+        snapshot = kinds.od_snapshot(failing_ops)
+        return self._check(name, kinds.ONLINE_DISPATCH, snapshot, lambda golden: kinds.od_compare(golden, snapshot))
+
+    # -- the shared routine ----------------------------------------------------------------
+    def _check(self, name: str, kind: kinds.Kind, snapshot: Any, compare: Any) -> GoldenOutcome:
+        folder = self.folder(name)
+        shown = _shown_path(folder)
+        details: dict[str, Any] = {"name": name, "kind": kind.name, "path": str(folder), "this_run": self.made_with}
+        if self.regen:
+            changed = self._write(name, folder, kind, snapshot)
+            note = "" if changed else " (unchanged: identical content and versions)"
+            return GoldenOutcome(False, True, f"golden {name} written to {shown}/{note}; rerun without {REGEN_OPTION}",
+                                 dict(details, changed=changed))
+        meta_path = folder / META
+        if not meta_path.is_file():
+            return GoldenOutcome(False, False, (
+                f"golden {name} ({kind.name}) not found: {shown}/{META} does not exist.\n"
+                f"Create it: run pytest {REGEN_OPTION} (this test fails once while it writes {shown}/), "
+                f"then review and commit {shown}/."), dict(details, missing=True))
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            if meta.get("kind") != kind.name:
+                return GoldenOutcome(False, False, (
+                    f"golden {name} holds a {meta.get('kind')!r} result, but this check is {kind.name!r}: use "
+                    f"another name, or rerun with {REGEN_OPTION} to replace it."), dict(details, golden_kind=meta.get("kind")))
+            golden = kind.load(folder)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            return GoldenOutcome(False, False, (
+                f"golden {name}: cannot read {shown}/: {type(exc).__name__}: {exc}\n"
+                f"Rewrite it with pytest {REGEN_OPTION}, then review and commit {shown}/."), dict(details, unreadable=str(exc)))
+        result: kinds.Comparison = compare(golden)
+        made_with = meta.get("made_with", {})
+        details.update(made_with=made_with, created=meta.get("created"), counts=result.counts, rule=result.rule,
+                       failures=[f.to_dict() for f in result.failures], info=result.info, data=result.data)
+        provenance = (f"golden made with {describe_made_with(made_with)} ({meta.get('created', 'date unknown')}); "
+                      f"this run: {'the same' if made_with == self.made_with else describe_made_with(self.made_with)}")
+        info_line = []
+        if result.info:
+            more = f"; and {len(result.info) - MAX_INFO_ITEMS} more" if len(result.info) > MAX_INFO_ITEMS else ""
+            info_line = [f"also (not failures): {'; '.join(result.info[:MAX_INFO_ITEMS])}{more}"]
+        if not result.failures:
+            lines = [f"golden {name} ({kind.name}): {result.headline}", *info_line, provenance]
+            return GoldenOutcome(True, False, "\n".join(lines), details)
+        lines = [f"golden {name} ({kind.name}) regressed: {result.headline}"]
+        ordered = sorted(result.failures, key=lambda f: -f.severity)
+        lines += [f"  {f.text}" for f in ordered[:MAX_ITEM_LINES]]
+        if len(ordered) > MAX_ITEM_LINES:
+            lines.append(f"  ... and {len(ordered) - MAX_ITEM_LINES} more (details['failures'])")
+        lines.append(f"rule: {result.rule}")
+        lines += info_line
+        lines.append(provenance)
+        lines.append(f"golden: {shown}/ ; if the change is intended: pytest {REGEN_OPTION}, then review and commit "
+                     f"{shown}/")
+        return GoldenOutcome(False, False, "\n".join(lines), details)
+
+    def _write(self, name: str, folder: Path, kind: kinds.Kind, snapshot: Any) -> bool:
+        """Write content files then meta.json (each atomically, so a reader that sees the new
+        meta sees the new content); False when nothing had to change. Other files in the folder
+        (nested goldens such as ``name/sub``) are left alone; the previous version's own files
+        that this one no longer has are removed."""
+        files = kind.render(snapshot)
+        meta_path = folder / META
+        old_meta: dict[str, Any] = {}
+        if meta_path.is_file():
+            try:
+                old_meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                old_meta = {}
+        same_content = (old_meta.get("kind") == kind.name and old_meta.get("made_with") == self.made_with
+                        and old_meta.get("files") == sorted(files)
+                        and all(_read_bytes(folder / f) == data for f, data in files.items()))
+        if same_content:
+            return False
+        meta = {"format": FORMAT_VERSION, "name": name, "kind": kind.name, "created": _today(),
+                "made_with": self.made_with, "files": sorted(files)}
+        folder.mkdir(parents=True, exist_ok=True)
+        for fname, data in sorted(files.items()):
+            _write_bytes_atomic(folder / fname, data)
+        for stale in old_meta.get("files", []) if isinstance(old_meta.get("files"), list) else []:
+            if isinstance(stale, str) and stale not in files and _NAME_PART.match(stale) and stale != META:
+                try:
+                    (folder / stale).unlink()
+                except OSError:
+                    pass
+        write_text_atomic(meta_path, json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        return True
+
+
+def _non_negative(key: str, value: object) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
+        raise ConfigError(key, value, "a number >= 0")
+
+
+def _today() -> str:
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    if epoch and epoch.strip().isdigit():
+        return _dt.datetime.fromtimestamp(int(epoch), _dt.timezone.utc).date().isoformat()
+    return _dt.datetime.now(_dt.timezone.utc).date().isoformat()
+
+
+def _read_bytes(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
+def _write_bytes_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise
+
+
+def _shown_path(path: Path) -> str:
+    """Relative to the working directory when below it (what the user types), else absolute."""
+    try:
+        return path.resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except (ValueError, OSError):
+        return path.as_posix()

@@ -260,7 +260,8 @@ def fb_compare(golden: dict[str, FbEntry], now: dict[str, FbEntry], margin: floa
             sev = _VERDICT if _verdict(fig) or fig is None else fig / thr if thr else fig
             where = "not in the golden" if g is None else f"checked clean in the golden ({g.checked} calls)"
             bound = f"threshold {shown(thr)}" if thr is not None else "no inconsistent call"
-            failures.append(Failure(api, "newly_flagged", f"{api}: newly flagged, max_rel {shown(fig)} (allowed: "
+            figure = "no max_rel figure" if fig is None else f"max_rel {shown(fig)}"
+            failures.append(Failure(api, "newly_flagged", f"{api}: newly flagged, {figure} (allowed: "
                                     f"{bound}; {where}; {c.flagged} of {c.checked} calls inconsistent)", sev,
                                     None, fig, thr))
             continue

@@ -399,3 +399,11 @@ def test_outcome_details_are_json_serialisable():
     out = check("fb", apis(Functional__softmax={"worst_max_rel": math.inf}))
     assert not out.ok
     json.dumps(out.details, allow_nan=False)
+    dump = grad_dump(Path("dump"))
+    check = recorded("grad", "check_grad_run", dump)
+    nan_run = Path("nan")
+    grad_dump(nan_run, steps=2)
+    grad_dump(nan_run, steps=1, params={"fc.bias": (16,)}, scale=(0, 0, "fc.bias", math.nan))
+    out = check("grad", nan_run)
+    assert not out.ok and "rank0 step 0 fc.bias norm: golden 4.05951, now nan" in out.message
+    json.dumps(out.details, allow_nan=False)

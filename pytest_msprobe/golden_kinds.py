@@ -238,6 +238,7 @@ def fb_compare(golden: dict[str, FbEntry], now: dict[str, FbEntry], margin: floa
     improved: list[str] = []
     unseen: list[str] = []
     new_clean: list[str] = []
+    retyped: list[str] = []
     data: dict[str, Any] = {}
     rule = f"golden + max({margin:g} x golden, {margin_abs:g})"
     for api in sorted(set(golden) | set(now)):
@@ -247,6 +248,8 @@ def fb_compare(golden: dict[str, FbEntry], now: dict[str, FbEntry], margin: floa
         if c is None or (c.checked == 0 and c.flagged == 0 and g is not None and g.checked > 0):
             unseen.append(api)
             continue
+        if g is not None and g.dtypes and c.dtypes and g.dtypes != c.dtypes:
+            retyped.append(f"{api} {g.dtypes} -> {c.dtypes}")
         g_flagged = g is not None and (g.flagged > 0 or g.worst_max_rel is not None)
         if c.flagged == 0:
             if g is None:
@@ -297,6 +300,9 @@ def fb_compare(golden: dict[str, FbEntry], now: dict[str, FbEntry], margin: floa
     if new_clean:
         info.append(f"{len(new_clean)} API(s) new and clean: " + ", ".join(new_clean[:5])
                     + (" ..." if len(new_clean) > 5 else ""))
+    if retyped:
+        info.append(f"{len(retyped)} API(s) ran in other dtypes than in the golden: " + ", ".join(retyped[:5])
+                    + (" ..." if len(retyped) > 5 else ""))
     total = len(set(golden) | set(now))
     counts = {"apis": total, "regressed": len(failures), "improved": len(improved), "not_checked": len(unseen),
               "new_clean": len(new_clean)}

@@ -244,6 +244,8 @@ def test_free_benchmark_improvements_and_missing_apis_are_information():
     assert out.details["counts"] == {"apis": 4, "regressed": 0, "improved": 1, "not_checked": 1, "new_clean": 1}
     info = " ".join(out.details["info"])
     assert "Functional.softmax 0.01 -> clean" in info and "Torch.matmul" in info and "Torch.add" in info
+    out = check("fb", apis(Functional__gelu={"dtypes": ["torch.bfloat16"]}))
+    assert out.ok and "Functional.gelu torch.float16 -> torch.bfloat16" in out.message
 
 
 def test_free_benchmark_failures_worst_first_and_capped():

@@ -191,9 +191,8 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
     finally:
         outcome = task.finish(handle)
         session.results.append((item.nodeid, outcome))
-    flagged = task.flagged(outcome)
-    if flagged:
-        item.user_properties.append((f"msprobe_{task.name}_flagged", ",".join(flagged)))
+    item.user_properties.extend(task.properties(outcome))
+    if task.flagged(outcome):
         message = task.failure(item.nodeid, outcome)
         if message and session.fail_on == "risk":
             pytest.fail(message, pytrace=False)

@@ -15,7 +15,8 @@ class PrecisionRiskError(AssertionError):
     """A test whose run tripped a precision rule."""
 
 
-def _num(v: Any) -> float:
+def sort_figure(v: Any) -> float:
+    """A max_rel as a number to sort by: verdict strings (nan_mismatch, ...) rank worst."""
     if isinstance(v, (int, float)):
         return float(v)
     return math.inf  # symbol_flipping, nan_mismatch, ...
@@ -30,7 +31,7 @@ def _shown(v: Any) -> str:
 def failure_message(nodeid: str, summary: dict[str, Any], limit: int = 10) -> str:
     """What a failing test prints: each flagged API with its figure, threshold and evidence."""
     flagged = [(api, s) for api, s in summary["apis"].items() if s["flagged"]]
-    flagged.sort(key=lambda kv: -_num(kv[1]["worst_max_rel"]))
+    flagged.sort(key=lambda kv: -sort_figure(kv[1]["worst_max_rel"]))
     lines = [f"free_benchmark ({summary['config']['free_benchmark']['pert_mode']}) flagged "
              f"{len(flagged)} API(s) in {nodeid}:"]
     rows_by_api: dict[str, dict[str, Any]] = {}
@@ -64,7 +65,7 @@ def merge_api_tables(per_test: Iterable[tuple[str, dict[str, Any]]]) -> dict[str
             t["flagged"] += s["flagged"]
             if s["flagged"]:
                 t["tests"].append(nodeid)
-                if t["worst_max_rel"] is None or _num(s["worst_max_rel"]) > _num(t["worst_max_rel"]):
+                if t["worst_max_rel"] is None or sort_figure(s["worst_max_rel"]) > sort_figure(t["worst_max_rel"]):
                     t["worst_max_rel"], t["threshold"], t["first_flagged"] = (
                         s["worst_max_rel"], s["threshold"], s["first_flagged"])
     return table
@@ -72,7 +73,7 @@ def merge_api_tables(per_test: Iterable[tuple[str, dict[str, Any]]]) -> dict[str
 
 def risky_table_lines(table: dict[str, dict[str, Any]]) -> list[str]:
     risky = [(api, t) for api, t in table.items() if t["flagged"]]
-    risky.sort(key=lambda kv: (-_num(kv[1]["worst_max_rel"]), kv[0]))
+    risky.sort(key=lambda kv: (-sort_figure(kv[1]["worst_max_rel"]), kv[0]))
     if not risky:
         checked = sum(t["checked"] for t in table.values())
         return [f"no risky API: {len(table)} APIs, {checked} calls checked, all within their thresholds"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from pytest_msprobe import grad_report
-from pytest_msprobe.reporting import failure_message, merge_api_tables, risky_table_lines
+from pytest_msprobe.reporting import failure_message, merge_api_tables, risky_table_lines, sort_figure
 
 
 class FreeBenchmarkTask:
@@ -39,6 +39,18 @@ class FreeBenchmarkTask:
 
     def failure(self, nodeid: str, result: dict[str, Any]) -> str | None:
         return failure_message(nodeid, result) if self.flagged(result) else None
+
+    def properties(self, result: dict[str, Any]) -> list[tuple[str, Any]]:
+        """JUnit XML properties of a test (what a CI dashboard shows without opening files)."""
+        checked = [(api, s) for api, s in result["apis"].items() if s["checked"]]
+        props: list[tuple[str, Any]] = [("msprobe_apis_checked", len(checked))]
+        flagged = [(api, s) for api, s in checked if s["flagged"]]
+        if flagged:
+            api, s = max(flagged, key=lambda kv: sort_figure(kv[1]["worst_max_rel"]))
+            props += [("msprobe_flagged_apis", ",".join(self.flagged(result))),
+                      ("msprobe_worst_api", api), ("msprobe_worst_max_rel", s["worst_max_rel"]),
+                      ("msprobe_threshold", s["threshold"])]
+        return props
 
     def test_entry(self, result: dict[str, Any]) -> dict[str, Any]:
         return {"flagged_apis": self.flagged(result), "csv_files": result["csv_files"], "errors": result["errors"]}
@@ -81,6 +93,14 @@ class GradProbeTask:
 
     def failure(self, nodeid: str, result: dict[str, Any]) -> str | None:
         return grad_report.failure_message(nodeid, result)
+
+    def properties(self, result: dict[str, Any]) -> list[tuple[str, Any]]:
+        steps = sum(o["params"] * o["steps_written"] for o in result["optimizers"])
+        props: list[tuple[str, Any]] = [("msprobe_param_steps_checked", steps)]
+        if result["nonfinite"]:
+            props += [("msprobe_nonfinite_params", ",".join(self.flagged(result))),
+                      ("msprobe_nonfinite_param_steps", result["nonfinite_total"])]
+        return props
 
     def test_entry(self, result: dict[str, Any]) -> dict[str, Any]:
         return {"nonfinite_params": self.flagged(result),

@@ -120,3 +120,21 @@ def test_xdist_workers_write_their_own_files_and_the_controller_merges(suite):
                                      "test_suite.py::test_no_torch_work"}
     assert summary["apis"]["Torch.expm1"]["tests"] == ["test_suite.py::test_risky"]
     assert len(list((dump / "tests").rglob("free_benchmark.csv"))) == 1
+
+
+def test_junit_xml_carries_the_worst_figure(suite):
+    xml = suite.path / "junit.xml"
+    result = suite.runpytest_subprocess("--msprobe-task=free_benchmark", f"--msprobe-dump-path={suite.path / 'out'}",
+                                        f"--junitxml={xml}", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2, failed=1)
+    import xml.etree.ElementTree as ET
+
+    cases = {c.get("name"): {p.get("name"): p.get("value") for p in c.iter("property")}
+             for c in ET.parse(xml).getroot().iter("testcase")}
+    risky = cases["test_risky"]
+    assert risky["msprobe_flagged_apis"] == "Torch.expm1"
+    assert risky["msprobe_worst_api"] == "Torch.expm1"
+    assert float(risky["msprobe_worst_max_rel"]) > float(risky["msprobe_threshold"]) == 0.002
+    assert "msprobe_flagged_apis" not in cases["test_clean"]
+    assert cases["test_clean"]["msprobe_apis_checked"] == "0"  # fp32 under improve_precision: nothing to upcast
+    assert int(risky["msprobe_apis_checked"]) >= 1

@@ -1,0 +1,282 @@
+"""online_dispatch's per-leaf comparison: the documented Cosine / MaxAbsErr rule, written once.
+
+The formulas run over an array namespace `xp` on whatever device the caller put both leaves on
+(online_dispatch puts them on the reference's side), chunk by chunk so that every temporary
+stays cache-sized, and return *device* figures that the caller gathers with one host transfer
+per op. The verdict (`judge`) is plain Python over those figures.
+
+The rule (spec grad_probe_online_dispatch.md §6.1) fails a leaf when
+``Cosine < COS_THRESHOLD and MaxAbsErr > MAX_ABS_ERR_THRESHOLD``, or ``Cosine < COS_MAX_THRESHOLD``,
+or ``MaxAbsErr > MAX_ABS_ERR_MAX_THRESHOLD``. The literal rule is blind to scale: a value that is
+zero in exact arithmetic comes out as rounding noise on both sides, and two noise vectors have
+an arbitrary cosine. So before the rule runs, a leaf whose MaxAbsErr is within the *noise floor*
+
+    floor = NOISE_FLOOR_ULPS * eps(device dtype) * scale * sqrt(max(1, reduction))
+
+passes, where ``scale`` is the largest finite magnitude among the op's floating inputs and both
+outputs of the leaf, and ``reduction`` = numel(largest input) / numel(leaf), the number of input
+elements that meet in one output element (a sum over N terms accumulates about sqrt(N)
+roundings). Integer and boolean leaves have no floor: they must match exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from probes.core import metrics
+
+# The documented rule (§6.1), by name.
+COS_THRESHOLD = 0.99
+MAX_ABS_ERR_THRESHOLD = 0.001
+COS_MAX_THRESHOLD = 0.9
+MAX_ABS_ERR_MAX_THRESHOLD = 1.0
+# Cosines above this are reported as 1.0; norms at or below FLOAT64_EPS count as all-zero data.
+COSINE_ONE_ABOVE = 0.99999
+FLOAT64_EPS = 2.220446049250313e-16
+
+# The noise floor: a difference within this many units of the device dtype's machine epsilon,
+# scaled by the op's magnitudes (see the module docstring), is rounding, not a defect.
+NOISE_FLOOR_ULPS = 8.0
+DTYPE_EPS = {"float16": 2.0**-10, "bfloat16": 2.0**-7, "float32": 2.0**-23, "float64": 2.0**-52}
+FLOAT_DTYPE_NAMES = ("float16", "bfloat16", "float32", "float64")
+
+# Values of the "Accuracy Reached or Not" column.
+YES, NO, UNMATCHED, NAN = "Yes", "No", "Unmatched", "Nan"
+FAILING = (NO, UNMATCHED)
+
+# Leaves are measured in chunks of this many elements: ~20 float64 temporaries per chunk stay in
+# the CPU caches and out of mmap'ed allocations (measured fastest on this project's machine).
+CHUNK_ELEMENTS = 1 << 15
+
+# Layout of the figure vector of one leaf pair (device array, float64).
+DOT, DEV_SQ, REF_SQ, MAX_ABS, MAX_REL, DEV_MAX, DEV_MIN, DEV_SUM, REF_MAX, REF_MIN, REF_SUM = range(11)
+NONFINITE_MISMATCH, FINITE_COUNT = 11, 12
+FIGURE_COUNT = 13
+# Layout of the statistics vector of one input leaf: max, min, sum, finite count.
+STAT_COUNT = 4
+# Layout of the single-benchmark vector (§6.2).
+SB_ABS, SB_REL, SB_EB, SB_MISMATCH = range(4)
+SB_COUNT = 4
+
+
+def _f64(xp: Any, a: Any) -> Any:
+    return a if a.dtype == xp.float64 else xp.astype(a, xp.float64)
+
+
+def _chunks(a: Any, b: Any):
+    n = a.shape[0]
+    if n <= CHUNK_ELEMENTS:
+        yield a, b
+        return
+    for start in range(0, n, CHUNK_ELEMENTS):
+        yield a[start : start + CHUNK_ELEMENTS], b[start : start + CHUNK_ELEMENTS]
+
+
+def _finite_chunk(xp: Any, dev: Any, ref: Any) -> Any:
+    """Figures of one float64 chunk, assuming every element is finite (a non-finite element makes
+    some figure non-finite, which sends the leaf to `_masked_figures`). Every pass over the chunk
+    counts: this runs for every output of every op of the user's model."""
+    diff = dev - ref
+    adiff = xp.abs(diff)
+    rel = adiff / xp.clip(xp.abs(ref), min=FLOAT64_EPS)
+    max_abs = xp.max(adiff)
+    zero = max_abs * 0.0
+    return xp.stack([
+        dev @ ref, dev @ dev, ref @ ref, max_abs, xp.max(rel),
+        xp.max(dev), xp.min(dev), xp.sum(dev), xp.max(ref), xp.min(ref), xp.sum(ref),
+        zero, zero + float(dev.shape[0]),
+    ])
+
+
+def _combine(xp: Any, parts: list[Any]) -> Any:
+    if len(parts) == 1:
+        return parts[0]
+    s = xp.stack(parts)
+    total = xp.sum(s, axis=0)
+    top = xp.max(s, axis=0)
+    low = xp.min(s, axis=0)
+    return xp.stack([
+        total[DOT], total[DEV_SQ], total[REF_SQ], top[MAX_ABS], top[MAX_REL],
+        top[DEV_MAX], low[DEV_MIN], total[DEV_SUM], top[REF_MAX], low[REF_MIN], total[REF_SUM],
+        total[NONFINITE_MISMATCH], total[FINITE_COUNT],
+    ])
+
+
+def _masked_figures(xp: Any, dev: Any, ref: Any) -> Any:
+    """Figures over the pairs that are finite on both sides; non-finite elements count as a
+    mismatch unless both sides hold the same value (the same infinity, or NaN and NaN)."""
+    fin = xp.isfinite(dev) & xp.isfinite(ref)
+    zero = xp.zeros_like(dev)
+    figs = _finite_chunk(xp, xp.where(fin, dev, zero), xp.where(fin, ref, zero))
+    both_nan = xp.isnan(dev) & xp.isnan(ref)
+    mismatch = xp.sum(xp.astype(~fin & ~both_nan & (dev != ref), xp.float64))
+    ninf, pinf = xp.full_like(dev, -math.inf), xp.full_like(dev, math.inf)
+    dfin, rfin = xp.isfinite(dev), xp.isfinite(ref)
+    return xp.stack([
+        figs[DOT], figs[DEV_SQ], figs[REF_SQ], figs[MAX_ABS], figs[MAX_REL],
+        xp.max(xp.where(dfin, dev, ninf)), xp.min(xp.where(dfin, dev, pinf)), xp.sum(xp.where(dfin, dev, zero)),
+        xp.max(xp.where(rfin, ref, ninf)), xp.min(xp.where(rfin, ref, pinf)), xp.sum(xp.where(rfin, ref, zero)),
+        mismatch, xp.sum(xp.astype(fin, xp.float64)),
+    ])
+
+
+def leaf_figures(xp: Any, dev: Any, ref: Any) -> Any:
+    """Device float64 array of FIGURE_COUNT figures for a flat device leaf and its reference.
+
+    Both must already be on one device with equal numel (> 0); any real dtype (each chunk is
+    cast to float64 on its own, so no full-size float64 copy of the device leaf is made).
+    """
+    parts = [_finite_chunk(xp, _f64(xp, cd), _f64(xp, cr)) for cd, cr in _chunks(dev, ref)]
+    return _combine(xp, parts)
+
+
+def masked_leaf_figures(xp: Any, dev: Any, ref: Any) -> Any:
+    """`leaf_figures` for leaves holding inf/NaN (the caller retries with this when a figure of
+    the fast path came out non-finite)."""
+    return _masked_figures(xp, _f64(xp, xp.reshape(dev, (-1,))), _f64(xp, xp.reshape(ref, (-1,))))
+
+
+def needs_masked_pass(figures: list[float]) -> bool:
+    return not all(math.isfinite(v) for v in figures)
+
+
+def single_benchmark_figures(xp: Any, dev: Any, ref: Any, small_value: float) -> Any:
+    """Device array [small-value abs err, large-value rel err, error balance, non-finite
+    mismatches] of §6.2 for a flat leaf pair, by `metrics.single_benchmark_reductions` (one
+    definition, shared with free_benchmark's to_cpu). Computed for failing leaves only (and for
+    every leaf with debug=True), so the pass every op pays stays lean."""
+    return metrics.single_benchmark_reductions(xp, _f64(xp, dev), _f64(xp, ref), small_value)
+
+
+def input_stats(xp: Any, t: Any) -> Any:
+    """Device float64 array [max, min, sum, finite count] of one leaf (fast path: all finite)."""
+    flat = _f64(xp, xp.reshape(t, (-1,)))
+    return xp.stack([xp.max(flat), xp.min(flat), xp.sum(flat), xp.full_like(flat[:1], float(flat.shape[0]))[0]])
+
+
+def masked_input_stats(xp: Any, t: Any) -> Any:
+    flat = _f64(xp, xp.reshape(t, (-1,)))
+    fin = xp.isfinite(flat)
+    return xp.stack([
+        xp.max(xp.where(fin, flat, xp.full_like(flat, -math.inf))),
+        xp.min(xp.where(fin, flat, xp.full_like(flat, math.inf))),
+        xp.sum(xp.where(fin, flat, xp.zeros_like(flat))),
+        xp.sum(xp.astype(fin, xp.float64)),
+    ])
+
+
+def finite_abs_max(stats_max: float, stats_min: float) -> float:
+    """Largest magnitude from a max/min pair, 0 where the leaf had no finite value."""
+    vals = [abs(v) for v in (stats_max, stats_min) if math.isfinite(v)]
+    return max(vals) if vals else 0.0
+
+
+def noise_floor(dtype_name: str, scale: float, reduction: float) -> float:
+    """The absolute difference below which a leaf of this device dtype passes (module docstring)."""
+    eps = DTYPE_EPS.get(dtype_name)
+    if eps is None or not math.isfinite(scale):
+        return 0.0
+    return NOISE_FLOOR_ULPS * eps * scale * math.sqrt(max(1.0, reduction))
+
+
+@dataclass(frozen=True)
+class LeafVerdict:
+    """Figures and verdict of one output leaf, ready to be written as a CSV row."""
+
+    cosine: float | str
+    max_abs_err: float | str
+    max_rel_err: float | str
+    accuracy: str
+    message: str
+    dev_stats: tuple[float, float, float]  # max, min, mean over finite values
+    ref_stats: tuple[float, float, float]
+    floor: float
+
+    @property
+    def failed(self) -> bool:
+        return self.accuracy in FAILING
+
+
+def cosine_of(figures: list[float]) -> tuple[float | None, str]:
+    """The §6.1 cosine with its edge cases: (value or None, message)."""
+    dev_norm = math.sqrt(max(figures[DEV_SQ], 0.0))
+    ref_norm = math.sqrt(max(figures[REF_SQ], 0.0))
+    if dev_norm <= FLOAT64_EPS and ref_norm <= FLOAT64_EPS:
+        return 1.0, ""
+    if dev_norm <= FLOAT64_EPS:
+        return None, "device data all zero"
+    if ref_norm <= FLOAT64_EPS:
+        return None, "bench data all zero"
+    cos = figures[DOT] / (dev_norm * ref_norm)
+    if math.isnan(cos):
+        return None, "data has NaN"
+    return (1.0 if cos > COSINE_ONE_ABOVE else cos), ""
+
+
+def rule_fails(cosine: float, max_abs_err: float) -> bool:
+    """The documented rule, literally."""
+    return (
+        (cosine < COS_THRESHOLD and max_abs_err > MAX_ABS_ERR_THRESHOLD)
+        or cosine < COS_MAX_THRESHOLD
+        or max_abs_err > MAX_ABS_ERR_MAX_THRESHOLD
+    )
+
+
+def judge(figures: list[float], numel: int, dtype_name: str, floor: float) -> LeafVerdict:
+    """Verdict of one leaf from the host copy of its figures.
+
+    Order: non-finite values that disagree fail; a MaxAbsErr within the noise floor passes; a
+    one-element leaf has no cosine (spec: "tensor is scalar") and is judged as if its cosine
+    were the sign agreement (+1 / -1); otherwise the documented rule, where a side that is all
+    zero while the other is not (cosine undefined) fails.
+    """
+    count = figures[FINITE_COUNT]
+    inv = 1.0 / count if count > 0 else math.nan
+    dev_stats = (figures[DEV_MAX], figures[DEV_MIN], figures[DEV_SUM] * inv)
+    ref_stats = (figures[REF_MAX], figures[REF_MIN], figures[REF_SUM] * inv)
+    max_abs = figures[MAX_ABS]
+    max_rel = figures[MAX_REL]
+    common = dict(dev_stats=dev_stats, ref_stats=ref_stats, floor=floor)
+    exact = dtype_name not in FLOAT_DTYPE_NAMES
+    messages = []
+    if numel == 1:
+        cosine: float | str = "unsupported"
+        messages.append("tensor is scalar")
+        sign = figures[DOT]
+        effective: float | None = 1.0 if sign > 0 else (-1.0 if sign < 0 else (1.0 if max_abs == 0 else None))
+    else:
+        value, msg = cosine_of(figures)
+        cosine = value if value is not None else NAN
+        effective = value
+        if msg:
+            messages.append(msg)
+    if figures[NONFINITE_MISMATCH] > 0:
+        messages.append(f"inf/nan differ at {int(figures[NONFINITE_MISMATCH])} positions")
+        return LeafVerdict(cosine, max_abs, max_rel, NO, "; ".join(messages), **common)
+    if count == 0:
+        messages.append("no finite values; inf/nan positions agree")
+        return LeafVerdict(cosine, 0.0, 0.0, YES, "; ".join(messages), **common)
+    if exact:
+        accuracy = YES if max_abs == 0 else NO
+        if accuracy == NO:
+            messages.append("integer/bool values differ")
+        return LeafVerdict(cosine, max_abs, max_rel, accuracy, "; ".join(messages), **common)
+    literal_fail = effective is None or rule_fails(effective, max_abs)
+    if max_abs <= floor:
+        if literal_fail:
+            messages.append(f"within the rounding-noise floor {floor:.3e}")
+        return LeafVerdict(cosine, max_abs, max_rel, YES, "; ".join(messages), **common)
+    return LeafVerdict(cosine, max_abs, max_rel, NO if literal_fail else YES, "; ".join(messages), **common)
+
+
+def format_figure(value: float | str) -> str:
+    """12-decimal rendering of Cosine / MaxAbsErr / MaxRelativeErr (spec §6.1); words verbatim."""
+    if isinstance(value, str):
+        return value
+    if math.isnan(value):
+        return NAN
+    if value == 1.0:
+        return "1.0"
+    return f"{value:.12f}"

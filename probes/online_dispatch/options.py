@@ -1,0 +1,98 @@
+"""PtdbgDispatch's arguments, validated before anything is created (spec §5.1 with B-O9 fixed).
+
+Every invalid argument is a ConfigError naming it, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from probes.core.errors import ConfigError
+
+DUMP_MODES = ("OFF", "auto", "list", "all")
+_TAG = re.compile(r"^[a-zA-Z0-9_-]+$")
+
+
+def max_process_num() -> int:
+    """The reference's bound: max((cpu_count + 1) // 4, 1)."""
+    return max(((os.cpu_count() or 1) + 1) // 4, 1)
+
+
+@dataclass(frozen=True)
+class DispatchOptions:
+    dump_mode: str
+    api_list: tuple[str, ...]
+    dump_path: Path
+    tag: str | None
+    process_num: int
+    debug: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"dump_mode": self.dump_mode, "api_list": list(self.api_list), "dump_path": str(self.dump_path),
+                "tag": self.tag, "process_num": self.process_num, "debug": self.debug}
+
+
+def _aten_names() -> list[str]:
+    import torch
+
+    return [n for n in dir(torch.ops.aten) if not n.startswith("__")]
+
+
+def _check_api_list(api_list: Any, dump_mode: str) -> tuple[str, ...]:
+    if api_list is None:
+        api_list = []
+    if not isinstance(api_list, (list, tuple)) or not all(isinstance(a, str) for a in api_list):
+        raise ConfigError("api_list", api_list, "a list of aten op names (strings) such as [\"mm\", \"native_layer_norm\"]")
+    if dump_mode == "list" and not api_list:
+        raise ConfigError("api_list", api_list, 'a non-empty list of aten op names when dump_mode="list"',
+                          hint='name the ops to dump, e.g. api_list=["mm"], or use dump_mode="auto"')
+    if api_list:
+        known = set(_aten_names())
+        for name in api_list:
+            if name not in known:
+                close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.6)
+                hint = ("did you mean " + " or ".join(f'"{c}"' for c in close) + "?") if close else (
+                    "names are aten op packets without overload, as in dir(torch.ops.aten): \"mm\", \"add\", \"add_\"")
+                raise ConfigError("api_list", name, "an aten op name", hint=hint)
+    return tuple(api_list)
+
+
+def _check_dump_path(dump_path: Any) -> Path:
+    if dump_path is None or not isinstance(dump_path, (str, os.PathLike)) or str(dump_path) == "":
+        raise ConfigError("dump_path", dump_path, "a directory path (str or path-like) where results are written",
+                          hint="e.g. dump_path=\"./online_dispatch\"")
+    path = Path(dump_path).expanduser().resolve()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError("dump_path", str(dump_path), "a directory that exists or can be created",
+                          hint=f"{type(exc).__name__}: {exc}") from None
+    if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError("dump_path", str(dump_path), "a writable directory")
+    return path
+
+
+def validate(dump_mode: Any, api_list: Any, dump_path: Any, tag: Any, process_num: Any, debug: Any) -> DispatchOptions:
+    if not isinstance(dump_mode, str) or dump_mode not in DUMP_MODES:
+        hint = ""
+        if isinstance(dump_mode, str):
+            lowered = {m.lower(): m for m in DUMP_MODES}
+            hint = f'did you mean "{lowered[dump_mode.lower()]}"?' if dump_mode.lower() in lowered else ""
+        raise ConfigError("dump_mode", dump_mode, "one of " + ", ".join(f'"{m}"' for m in DUMP_MODES), hint=hint)
+    if not isinstance(debug, bool):
+        raise ConfigError("debug", debug, "True or False")
+    if tag is not None and (not isinstance(tag, str) or not _TAG.match(tag)):
+        raise ConfigError("tag", tag, "None or a string of letters, digits, '_' and '-'")
+    limit = max_process_num()
+    if isinstance(process_num, bool) or not isinstance(process_num, int) or not 0 <= process_num <= limit:
+        raise ConfigError("process_num", process_num,
+                          f"an integer from 0 to {limit} (max((cpu_count + 1) // 4, 1) on this machine)",
+                          hint="0 compares in this process")
+    names = _check_api_list(api_list, dump_mode)
+    path = _check_dump_path(dump_path)
+    return DispatchOptions(dump_mode, names, path, tag, process_num, debug)

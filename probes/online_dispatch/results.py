@@ -1,0 +1,179 @@
+"""Rows, the compare_result CSV, summary.json and the one log line per failing op.
+
+The CSV keeps the 18 documented columns in their order (spec §6.1) and appends the §6.2
+single-benchmark figures and the noise floor as extra columns; it uses the project's CSV
+conventions (spec §3.5: UTF-8 with BOM, CRLF, ``csv.writer``'s minimal quoting, ``str()``
+numbers), while Cosine / MaxAbsErr / MaxRelativeErr keep the documented 12-decimal rendering.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from probes.core.dispatch_metrics import FAILING, LeafVerdict, format_figure
+from probes.core.writers import CsvAppender, write_json_atomic
+
+logger = logging.getLogger("probes.online_dispatch")
+
+COLUMNS = (
+    "NPU Name", "Bench Name", "NPU Tensor Dtype", "Bench Tensor Dtype", "NPU Tensor Shape", "Bench Tensor Shape",
+    "NPU max", "NPU min", "NPU mean", "Bench max", "Bench min", "Bench mean",
+    "Cosine", "MaxAbsErr", "MaxRelativeErr", "Accuracy Reached or Not", "NPU_Stack_Info", "Err_message",
+)
+EXTRA_COLUMNS = ("Error Balance", "Small Value Max Abs Err", "Large Value Max Rel Err", "Single Benchmark", "Noise Floor")
+ENCODING = "utf-8-sig"
+LINE_END = "\r\n"
+# Failing ops logged one line each up to this many per run; the rest are only in summary.json.
+MAX_LOGGED_FAILURES = 50
+
+
+@dataclass
+class Row:
+    """One CSV row: an input or output leaf of one compared op."""
+
+    name: str
+    npu_dtype: str
+    bench_dtype: str
+    npu_shape: str
+    bench_shape: str
+    npu_stats: tuple[Any, Any, Any] = ("", "", "")
+    bench_stats: tuple[Any, Any, Any] = ("", "", "")
+    cosine: Any = ""
+    max_abs_err: Any = ""
+    max_rel_err: Any = ""
+    accuracy: str = ""
+    stack: str = ""
+    message: str = ""
+    extra: tuple[Any, ...] = ("", "", "", "", "")
+
+    @property
+    def failed(self) -> bool:
+        return self.accuracy in FAILING
+
+    def cells(self) -> list[Any]:
+        return [
+            self.name, self.name, self.npu_dtype, self.bench_dtype, self.npu_shape, self.bench_shape,
+            *self.npu_stats, *self.bench_stats, format_figure(self.cosine) if self.cosine != "" else "",
+            format_figure(self.max_abs_err) if self.max_abs_err != "" else "",
+            format_figure(self.max_rel_err) if self.max_rel_err != "" else "",
+            self.accuracy, self.stack, self.message, *self.extra,
+        ]
+
+
+def input_row(name: str, npu_dtype: str, bench_dtype: str, shape: str, stats: tuple[float, float, float]) -> Row:
+    """An input leaf, compared with itself (spec §6.1: Cosine 1, errors 0, Yes)."""
+    return Row(name, npu_dtype, bench_dtype, shape, shape, stats, stats, 1.0, 0.0, 0.0, "Yes")
+
+
+def output_row(name: str, npu_dtype: str, bench_dtype: str, shape: str, v: LeafVerdict) -> Row:
+    """An output leaf; the single-benchmark columns stay blank until filled (failing leaves)."""
+    return Row(name, npu_dtype, bench_dtype, shape, shape, v.dev_stats, v.ref_stats, v.cosine, v.max_abs_err,
+               v.max_rel_err, v.accuracy, "", v.message, ("", "", "", "", v.floor))
+
+
+def special_row(name: str, npu_dtype: str, bench_dtype: str, npu_shape: str, bench_shape: str,
+                accuracy: str, message: str, figure: str = "N/A") -> Row:
+    """A leaf that could not be measured (shape mismatch, empty, reference failure…)."""
+    return Row(name, npu_dtype, bench_dtype, npu_shape, bench_shape, cosine=figure, max_abs_err=figure,
+               max_rel_err=figure, accuracy=accuracy, message=message)
+
+
+@dataclass
+class FailedOp:
+    """What summary.json and the log line say about one failing op call."""
+
+    name: str
+    op: str
+    leaves: list[dict[str, Any]]
+    dumped: bool = False
+
+
+@dataclass
+class RunResults:
+    """Everything one PtdbgDispatch run writes besides the dumps."""
+
+    run_dir: Path
+    csv_path: Path
+    rank: int
+    config: dict[str, Any]
+    csv: CsvAppender = field(init=False)
+    ops_compared: int = 0
+    rows_written: int = 0
+    accuracy_counts: Counter = field(default_factory=Counter)
+    skipped: dict = field(default_factory=dict)  # (reason, op overload) -> calls
+    failed_ops: list[FailedOp] = field(default_factory=list)
+    errors: Counter = field(default_factory=Counter)  # "op: what: error" -> times
+    devices: Counter = field(default_factory=Counter)
+
+    def __post_init__(self) -> None:
+        self.csv = CsvAppender(self.csv_path, COLUMNS + EXTRA_COLUMNS, encoding=ENCODING, newline=LINE_END)
+
+    def add_rows(self, rows: list[Row]) -> None:
+        for r in rows:
+            self.csv.add(r.cells())
+            if r.accuracy:
+                self.accuracy_counts[r.accuracy] += 1
+        self.rows_written += len(rows)
+
+    def add_failure(self, failure: FailedOp, op_label: str, overload: str) -> None:
+        self.failed_ops.append(failure)
+        n = len(self.failed_ops)
+        if n <= MAX_LOGGED_FAILURES:
+            parts = ", ".join(
+                f"{leaf['name']} shape={leaf['shape']} Cosine={leaf['cosine']},MaxAbsErr={leaf['max_abs_err']}"
+                for leaf in failure.leaves
+            )
+            logger.warning("rank%d %s overload=%s Failed: %s", self.rank, op_label, overload, parts)
+        elif n == MAX_LOGGED_FAILURES + 1:
+            logger.warning("more failing ops: see %s", self.run_dir / "summary.json")
+
+    def add_error(self, op: str, what: str, exc: BaseException) -> None:
+        key = f"{op}: {what}: {type(exc).__name__}: {exc}"
+        if key not in self.errors:
+            logger.warning("online_dispatch: %s (the op ran unchanged)", key)
+        self.errors[key] += 1
+
+    def summary(self) -> dict[str, Any]:
+        by_reason: dict[str, dict[str, int]] = {}
+        for (reason, op), n in self.skipped.items():
+            ops = by_reason.setdefault(reason, {})
+            ops[str(op)] = ops.get(str(op), 0) + n
+        return {
+            "tool": "online_dispatch",
+            "rank": self.rank,
+            "config": self.config,
+            "csv": self.csv_path.name,
+            "devices": dict(self.devices),
+            "ops_compared": self.ops_compared,
+            "rows": self.rows_written,
+            "accuracy": dict(self.accuracy_counts),
+            "failed_op_count": len(self.failed_ops),
+            "failed_ops": [
+                {"name": f.name, "op": f.op, "dumped": f.dumped, "leaves": f.leaves} for f in self.failed_ops
+            ],
+            "skipped_calls": {reason: sum(ops.values()) for reason, ops in by_reason.items()},
+            "skipped": by_reason,
+            "probe_errors": dict(self.errors),
+        }
+
+    def flush(self) -> None:
+        if not self.csv_path.exists() and not self.csv.pending:
+            self.csv_path.write_text(",".join(COLUMNS + EXTRA_COLUMNS) + LINE_END, encoding=ENCODING, newline="")
+        self.csv.flush()
+        write_json_atomic(self.run_dir / "summary.json", self.summary())
+
+
+def leaf_summary(row: Row) -> dict[str, Any]:
+    def num(v: Any) -> Any:
+        return format_figure(v) if isinstance(v, (float, str)) and v != "" else v
+
+    return {
+        "name": row.name, "dtype": row.npu_dtype, "shape": row.npu_shape, "accuracy": row.accuracy,
+        "cosine": num(row.cosine), "max_abs_err": num(row.max_abs_err), "max_rel_err": num(row.max_rel_err),
+        "message": row.message,
+    }
+

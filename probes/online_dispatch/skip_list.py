@@ -1,0 +1,99 @@
+"""Which ops online_dispatch runs on the device only, and why.
+
+An op is skipped when comparing it with a CPU re-run can say nothing about the device's
+arithmetic (it moves, views or allocates data), or would report differences that are not
+defects (random numbers, uninitialised memory, device-specific answers), or cannot be re-run
+on the CPU at all (collectives). The decision depends on the op overload only, so the mode
+computes it once per overload and caches it; the reasons are the keys of summary.json's
+``skipped`` counts.
+
+The reference (msprobe 8.3.3, spec §5.3) kept a fixed name list with gaps (B-O11); here the
+categories come from the op's schema where possible (no tensor argument, a Generator argument,
+the ``nondeterministic_seeded`` tag, view aliasing), and the name lists below cover the rest.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+FACTORY = "factory: no tensor input, the output depends only on the arguments"
+UNINITIALISED = "uninitialised memory or storage reassignment (empty*, resize_, set_)"
+CONSTANT_FILL = "fills a constant (*_like, new_*, fill_, zero_): no arithmetic to check"
+RNG = "random numbers: device and CPU generators differ"
+VIEW = "view or layout-only op: no arithmetic"
+COPY = "copy, cast or device transfer: no arithmetic"
+COLLECTIVE = "collective communication: cannot be re-run on one CPU"
+HOST_SYNC = "host sync or assertion (item, _local_scalar_dense, _assert_*)"
+DEVICE_QUERY = "asks about the device or backend: the CPU's answer differs by design"
+# Decided per call rather than per overload:
+NO_TENSOR = "called without tensors"
+UNSUPPORTED_TENSOR = "tensor subclass, meta, sparse or other non-strided tensors"
+NO_CPU_KERNEL = "the reference run failed on the CPU (first failure recorded in the CSV)"
+
+REASONS = (FACTORY, UNINITIALISED, CONSTANT_FILL, RNG, VIEW, COPY, COLLECTIVE, HOST_SYNC, DEVICE_QUERY,
+           NO_TENSOR, UNSUPPORTED_TENSOR, NO_CPU_KERNEL)
+
+_BY_NAME: dict[str, str] = {}
+for _reason, _names in (
+    (UNINITIALISED, "empty empty_like empty_strided empty_permuted new_empty new_empty_strided resize_ resize_as_ "
+                    "set_ _resize_output_ _empty_affine_quantized _empty_per_channel_affine_quantized"),
+    (CONSTANT_FILL, "zeros_like ones_like full_like new_zeros new_ones new_full fill fill_ zero_ scalar_tensor"),
+    (RNG, "rand rand_like randn randn_like randint randint_like randperm bernoulli bernoulli_ multinomial normal "
+          "normal_ uniform_ exponential_ geometric_ cauchy_ log_normal_ random_ poisson binomial native_dropout "
+          "dropout _fused_dropout rrelu_with_noise _standard_gamma _sample_dirichlet"),
+    (COPY, "_to_copy to copy_ clone contiguous lift lift_fresh lift_fresh_copy _copy_from _copy_from_and_resize "
+           "detach detach_ _pin_memory pin_memory _unsafe_view _reshape_alias _to_dense to_dense "
+           "_nested_tensor_from_tensor_list"),
+    (HOST_SYNC, "_local_scalar_dense item is_nonzero _assert_async _assert_scalar _assert_tensor_metadata "
+                "sym_constrain_range sym_constrain_range_for_size _functional_sym_constrain_range"),
+    (DEVICE_QUERY, "_fused_sdp_choice is_pinned _use_cudnn_ctc_loss _use_cudnn_rnn_flatten_weight "
+                   "_has_compatible_shallow_copy_type is_coalesced is_same_size sym_size sym_stride sym_numel "
+                   "sym_storage_offset _nested_tensor_size _nested_tensor_strides _has_same_storage_numel "
+                   "record_stream _cudnn_rnn _cudnn_init_dropout_state"),
+):
+    for _name in _names.split():
+        _BY_NAME[_name] = _reason
+
+_COLLECTIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional", "_dtensor", "_c10d_functional_autograd"})
+_SEEDED = getattr(torch.Tag, "nondeterministic_seeded", None)
+
+
+def _has_tensor_argument(schema: Any) -> bool:
+    return any("Tensor" in str(a.type) for a in schema.arguments)
+
+
+def _has_generator_argument(schema: Any) -> bool:
+    return any("Generator" in str(a.type) for a in schema.arguments)
+
+
+def _is_view_copy(func: Any) -> bool:
+    """``permute_copy``, ``view_copy``…: the functionalised copy of a view op."""
+    base = func._opname
+    if not base.endswith("_copy") or func.namespace != "aten":
+        return False
+    packet = getattr(torch.ops.aten, base[: -len("_copy")], None)
+    if packet is None:
+        return False
+    return any(getattr(packet, o).is_view for o in packet.overloads())
+
+
+def skip_reason(func: Any) -> str | None:
+    """The reason this op overload is not compared, or None when it is compared."""
+    if func.namespace in _COLLECTIVE_NAMESPACES:
+        return COLLECTIVE
+    name = func._opname
+    by_name = _BY_NAME.get(name)
+    if by_name is not None:
+        return by_name
+    if "all_reduce" in name or "allreduce" in name or "all_gather" in name or "reduce_scatter" in name:
+        return COLLECTIVE
+    schema = func._schema
+    if _has_generator_argument(schema) or (_SEEDED is not None and _SEEDED in func.tags):
+        return RNG
+    if func.is_view or _is_view_copy(func):
+        return VIEW
+    if not _has_tensor_argument(schema):
+        return FACTORY
+    return None

@@ -1,0 +1,285 @@
+"""From one op's device result and reference result to CSV rows, with one host transfer.
+
+`collect` walks both results in parallel (tensors, tuples, lists, None, Python scalars: B-O3)
+and pairs every output leaf with its reference; for an op that returns nothing but writes into
+its arguments (``_foreach_add_``) the written arguments are the outputs. `figures` runs the
+core formulas (probes.core.dispatch_metrics) on the reference's side for every leaf and the
+op's input statistics, then copies all of them to the host at once. `rows` judges each leaf.
+`figures` is a pure function of tensors, so worker processes (process_num > 0) run exactly it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from probes.backends.torch_backend import BACKEND
+from probes.core import dispatch_metrics as dm
+from probes.core.metrics import finish_single_benchmark
+from probes.core.thresholds import single_benchmark_threshold
+from probes.online_dispatch.reference import CPU
+from probes.online_dispatch.results import Row, input_row, output_row, special_row
+
+
+@dataclass
+class OutputLeaf:
+    name: str
+    dev_dtype: str  # str(dtype) of the device leaf, as the CSV shows it
+    ref_dtype: str
+    dtype_name: str  # "float32", "int64", … of the device leaf: picks the thresholds
+    shape: list[int]
+    index: int = -1  # position in the figure list, -1 when not measured
+    special: Row | None = None
+
+
+@dataclass
+class InputLeaf:
+    name: str
+    dev_dtype: str
+    ref_dtype: str
+    shape: list[int]
+    is_float: bool
+    numel: int
+    tensor: bool = True
+    index: int = -1  # position in the stats list, -1 for Python scalars
+    value: float = 0.0
+
+
+@dataclass
+class OpComparison:
+    """The leaves of one op call and the tensors the figures are computed from."""
+
+    prefix: str
+    outputs: list[OutputLeaf] = field(default_factory=list)
+    inputs: list[InputLeaf] = field(default_factory=list)
+    pairs: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    stat_tensors: list[torch.Tensor] = field(default_factory=list)
+
+
+def _dtype_name(x: Any) -> str:
+    if isinstance(x, torch.Tensor):
+        if x.dtype.is_complex:
+            return "float32" if x.dtype == torch.complex64 else "float64"
+        return BACKEND.dtype_name(x)
+    if isinstance(x, bool):
+        return "bool"
+    if isinstance(x, int):
+        return "int64"
+    return "float64"
+
+
+def _type_str(x: Any) -> str:
+    return str(x.dtype) if isinstance(x, torch.Tensor) else str(type(x))
+
+
+def _shape(x: Any) -> list[int]:
+    return list(x.shape) if isinstance(x, torch.Tensor) else []
+
+
+def _real(t: torch.Tensor) -> torch.Tensor:
+    return torch.view_as_real(t) if t.dtype.is_complex else t
+
+
+_SCALARS = (bool, int, float)
+
+
+def _add_pair(cmp: OpComparison, name: str, dev: Any, ref: Any) -> None:
+    if dev is None and ref is None:
+        return
+    leaf = OutputLeaf(name, _type_str(dev), _type_str(ref), _dtype_name(dev), _shape(dev))
+    cmp.outputs.append(leaf)
+    if isinstance(dev, torch.Tensor) and isinstance(ref, torch.Tensor):
+        if dev.shape != ref.shape:
+            leaf.special = special_row(name, leaf.dev_dtype, leaf.ref_dtype, str(list(dev.shape)), str(list(ref.shape)),
+                                       dm.UNMATCHED, "shapes do not match", figure="shape unmatched")
+            return
+        if dev.numel() == 0:
+            leaf.special = special_row(name, leaf.dev_dtype, leaf.ref_dtype, str(list(dev.shape)), str(list(ref.shape)),
+                                       dm.NAN, "empty data, can not compare", figure="unsupported")
+            return
+        leaf.index = len(cmp.pairs)
+        cmp.pairs.append((_real(dev.detach()).to(CPU), _real(ref.detach())))
+        return
+    if isinstance(dev, _SCALARS) and isinstance(ref, _SCALARS):
+        leaf.index = len(cmp.pairs)
+        cmp.pairs.append((torch.tensor(float(dev), dtype=torch.float64), torch.tensor(float(ref), dtype=torch.float64)))
+        return
+    if isinstance(dev, torch.Tensor) != isinstance(ref, torch.Tensor) or type(dev) is not type(ref):
+        leaf.special = special_row(name, leaf.dev_dtype, leaf.ref_dtype, str(_shape(dev)), str(_shape(ref)),
+                                   dm.UNMATCHED, "device and reference results differ in type")
+        return
+    ok = dev == ref
+    leaf.special = special_row(name, leaf.dev_dtype, leaf.ref_dtype, "[]", "[]", dm.YES if ok else dm.NO,
+                               "compared by equality", figure="unsupported")
+
+
+def _walk_outputs(cmp: OpComparison, name: str, dev: Any, ref: Any) -> None:
+    if isinstance(dev, (list, tuple)) and isinstance(ref, (list, tuple)):
+        if len(dev) != len(ref):
+            cmp.outputs.append(OutputLeaf(name, "", "", "", [], special=special_row(
+                name, type(dev).__name__, type(ref).__name__, f"[{len(dev)}]", f"[{len(ref)}]", dm.UNMATCHED,
+                "device and reference results differ in structure", figure="shape unmatched")))
+            return
+        for i, (d, r) in enumerate(zip(dev, ref)):
+            _walk_outputs(cmp, f"{name}.{i}", d, r)
+        return
+    _add_pair(cmp, name, dev, ref)
+
+
+def collect_outputs(cmp: OpComparison, dev_out: Any, ref_out: Any, written: list[tuple[Any, Any]] | None) -> None:
+    """Pair the op's output leaves (for a void op that writes its arguments: those arguments)."""
+    prefix = cmp.prefix
+    if (dev_out is None or (isinstance(dev_out, tuple) and not dev_out)) and written:
+        for i, (d, r) in enumerate(written):
+            _walk_outputs(cmp, f"{prefix}_output.{i}", d, r)
+    elif isinstance(dev_out, (list, tuple)):
+        _walk_outputs(cmp, f"{prefix}_output", dev_out, ref_out)
+    else:
+        _add_pair(cmp, f"{prefix}_output", dev_out, ref_out)
+
+
+def collect_inputs(cmp: OpComparison, dev_args: tuple, dev_kwargs: dict, ref_args: tuple, ref_kwargs: dict) -> None:
+    """List the op's input leaves; statistics come from the reference copies taken before any run."""
+    prefix = cmp.prefix
+    for i, (d, r) in enumerate(zip(dev_args, ref_args)):
+        _walk_inputs(cmp, f"{prefix}_input.{i}", d, r)
+    for k, r in ref_kwargs.items():
+        _walk_inputs(cmp, f"{prefix}_input_{k}", dev_kwargs.get(k), r)
+
+
+def _walk_inputs(cmp: OpComparison, name: str, dev: Any, ref: Any) -> None:
+    if isinstance(ref, (list, tuple)) and isinstance(dev, (list, tuple)):
+        for i, (d, r) in enumerate(zip(dev, ref)):
+            _walk_inputs(cmp, f"{name}.{i}", d, r)
+        return
+    if isinstance(ref, torch.Tensor) and isinstance(dev, torch.Tensor):
+        numel = ref.numel()
+        leaf = InputLeaf(name, str(dev.dtype), str(ref.dtype), list(ref.shape),
+                         ref.is_floating_point() or ref.is_complex(), numel)
+        if numel:
+            leaf.index = len(cmp.stat_tensors)
+            cmp.stat_tensors.append(_real(ref))
+        cmp.inputs.append(leaf)
+    elif isinstance(ref, _SCALARS) and isinstance(dev, _SCALARS):
+        cmp.inputs.append(InputLeaf(name, str(type(dev)), str(type(ref)), [], isinstance(ref, float), 1,
+                                    tensor=False, value=float(ref)))
+
+
+def figures(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[list[float]]:
+    """Host figures of every output pair: one transfer (two when a leaf holds inf/NaN and must be
+    re-measured with masks)."""
+    if not pairs:
+        return []
+    xp = BACKEND.namespace(None)
+    n = dm.FIGURE_COUNT
+    with torch.no_grad():
+        flat = torch.cat([dm.leaf_figures(xp, d.reshape(-1), r.reshape(-1)) for d, r in pairs]).tolist()
+        out = [flat[i * n : (i + 1) * n] for i in range(len(pairs))]
+        redo = [i for i, f in enumerate(out) if dm.needs_masked_pass(f)]
+        if redo:
+            vals = torch.cat([dm.masked_leaf_figures(xp, *pairs[i]) for i in redo]).tolist()
+            for j, i in enumerate(redo):
+                out[i] = vals[j * n : (j + 1) * n]
+    return out
+
+
+def input_statistics(stat_tensors: list[torch.Tensor]) -> list[list[float]]:
+    """[max, min, sum, finite count] of every input tensor, one transfer (two with inf/NaN)."""
+    if not stat_tensors:
+        return []
+    xp = BACKEND.namespace(None)
+    n = dm.STAT_COUNT
+    with torch.no_grad():
+        flat = torch.cat([dm.input_stats(xp, t) for t in stat_tensors]).tolist()
+        stats = [flat[i * n : (i + 1) * n] for i in range(len(stat_tensors))]
+        redo = [i for i, st in enumerate(stats) if dm.needs_masked_pass(st)]
+        if redo:
+            vals = torch.cat([dm.masked_input_stats(xp, stat_tensors[i]) for i in redo]).tolist()
+            for j, i in enumerate(redo):
+                stats[i] = vals[j * n : (j + 1) * n]
+    return stats
+
+
+def rows(cmp: OpComparison, out_figs: list[list[float]], all_details: bool = False) -> tuple[list[Row], list[Row]]:
+    """(input rows, output rows) of one op, outputs judged by the documented rule + noise floor.
+
+    The inputs' magnitudes (the floor's scale) are measured only when a leaf fails the literal
+    rule with the floor of its own magnitudes, so a clean op pays nothing for them; input rows
+    carry statistics, and output rows the §6.2 single-benchmark columns, for failing ops (for
+    every op when `all_details`).
+    """
+    biggest = max([leaf.numel for leaf in cmp.inputs if leaf.is_float and leaf.tensor] + [1])
+    in_stats: list[list[float]] | None = None
+    in_scale = 0.0
+
+    def measure_inputs() -> None:
+        nonlocal in_stats, in_scale
+        in_stats = input_statistics(cmp.stat_tensors)
+        for leaf in cmp.inputs:
+            if leaf.is_float and leaf.index >= 0:
+                in_scale = max(in_scale, dm.finite_abs_max(in_stats[leaf.index][0], in_stats[leaf.index][1]))
+            elif leaf.is_float and not leaf.tensor:
+                in_scale = max(in_scale, abs(leaf.value))
+
+    if all_details:
+        measure_inputs()
+    out_rows: list[Row] = []
+    sb_wanted: list[tuple[Row, OutputLeaf]] = []
+    for leaf in cmp.outputs:
+        if leaf.special is not None:
+            out_rows.append(leaf.special)
+            continue
+        f = out_figs[leaf.index]
+        numel = max(1, _numel(leaf.shape))
+        out_scale = max(dm.finite_abs_max(f[dm.DEV_MAX], f[dm.DEV_MIN]), dm.finite_abs_max(f[dm.REF_MAX], f[dm.REF_MIN]))
+        verdict = dm.judge(f, numel, leaf.dtype_name, dm.noise_floor(leaf.dtype_name, max(out_scale, in_scale),
+                                                                     biggest / numel))
+        if verdict.failed and in_stats is None:
+            measure_inputs()
+            verdict = dm.judge(f, numel, leaf.dtype_name, dm.noise_floor(leaf.dtype_name, max(out_scale, in_scale),
+                                                                         biggest / numel))
+        row = output_row(leaf.name, leaf.dev_dtype, leaf.ref_dtype, str(leaf.shape), verdict)
+        out_rows.append(row)
+        if (row.failed or all_details) and leaf.dtype_name in dm.FLOAT_DTYPE_NAMES:
+            sb_wanted.append((row, leaf))
+    if sb_wanted:
+        _fill_single_benchmark(cmp, sb_wanted)
+    if any(r.failed for r in out_rows) and in_stats is None:
+        measure_inputs()
+    in_rows: list[Row] = []
+    for leaf in cmp.inputs:
+        stats: tuple[Any, Any, Any] = ("", "", "")
+        if not leaf.tensor:
+            stats = (leaf.value, leaf.value, leaf.value)
+        elif leaf.index >= 0 and in_stats is not None:
+            mx, mn, total, count = in_stats[leaf.index]
+            stats = (mx, mn, total / count if count else float("nan"))
+        in_rows.append(input_row(leaf.name, leaf.dev_dtype, leaf.ref_dtype, str(leaf.shape), stats))
+    return in_rows, out_rows
+
+
+def _fill_single_benchmark(cmp: OpComparison, wanted: list[tuple[Row, OutputLeaf]]) -> None:
+    """The §6.2 figures of some leaves (one host transfer), into their rows' extra columns."""
+    xp = BACKEND.namespace(None)
+    with torch.no_grad():
+        arrays = []
+        for _, leaf in wanted:
+            dev, ref = cmp.pairs[leaf.index]
+            thd = single_benchmark_threshold(leaf.dtype_name)
+            arrays.append(dm.single_benchmark_figures(xp, dev.reshape(-1), ref.reshape(-1), thd.small_value))
+        flat = torch.cat(arrays).tolist()
+    for i, (row, leaf) in enumerate(wanted):
+        sb = flat[i * dm.SB_COUNT : (i + 1) * dm.SB_COUNT]
+        thd = single_benchmark_threshold(leaf.dtype_name)
+        verdict = finish_single_benchmark(sb, thd.rtol, thd.small_value_atol, thd.error_balance)
+        row.extra = (verdict.error_balance, verdict.abs_err, verdict.rel_err,
+                     "pass" if verdict.consistent else "fail", row.extra[4])
+
+
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n

@@ -1,0 +1,142 @@
+"""`@pytest.mark.msprobe_api(...)`: one generated test per API x dtype x perturbation mode.
+
+Each generated test draws inputs with Hypothesis (pytest_msprobe.api_inputs), calls the API under
+free_benchmark with `list` set to that API only, and fails an example whose output moves past the
+dtype's threshold; Hypothesis then shrinks it to a minimal input and prints how to reproduce it.
+The probe is started once per test, not per example, so an elementwise API on small tensors runs
+dozens of examples a second. The decorated function's body runs afterwards (extra assertions).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+MARKER = "msprobe_api"
+CASE_ARG = "msprobe_api_case"
+DEFAULT_DTYPES = ("float32", "float16", "bfloat16")
+DEFAULT_EXAMPLES = 30
+_LOW = ("float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class ApiCase:
+    """One generated test: what to check and how."""
+
+    api: str
+    dtype: str
+    pert_mode: str
+    shapes: Any = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    examples: int = DEFAULT_EXAMPLES
+    skip_reason: str | None = None
+
+    @property
+    def id(self) -> str:
+        return f"{self.api.rsplit('.', 1)[-1]}-{self.dtype}-{self.pert_mode}"
+
+
+def default_mode(dtype: str) -> str:
+    """improve_precision where there is something to upcast; one-ulp noise for fp32/fp64."""
+    return "improve_precision" if dtype in _LOW else "add_noise"
+
+
+def cases_from_marker(mark: pytest.Mark) -> list[ApiCase]:
+    """Validate the marker's arguments (errors name the argument) and expand them."""
+    from probes.core.config import PERT_MODES
+    from pytest_msprobe.strategies import FLOAT_DTYPES
+
+    if len(mark.args) != 1 or not isinstance(mark.args[0], str):
+        raise pytest.UsageError(f"@pytest.mark.{MARKER}: give exactly one API name, e.g. "
+                                f"@pytest.mark.{MARKER}(\"torch.nn.functional.softmax\"); got {mark.args!r}")
+    allowed = {"dtypes", "pert_modes", "shapes", "kwargs", "examples"}
+    unknown = set(mark.kwargs) - allowed
+    if unknown:
+        raise pytest.UsageError(f"@pytest.mark.{MARKER}: unknown argument(s) {sorted(unknown)}; "
+                                f"allowed: {', '.join(sorted(allowed))}")
+    api = mark.args[0]
+    dtypes = tuple(mark.kwargs.get("dtypes", DEFAULT_DTYPES))
+    for d in dtypes:
+        if d not in FLOAT_DTYPES:
+            raise pytest.UsageError(f"@pytest.mark.{MARKER}({api!r}): dtypes entry {d!r}; allowed: {', '.join(FLOAT_DTYPES)}")
+    modes = mark.kwargs.get("pert_modes")
+    for m in modes or ():
+        if m not in PERT_MODES:
+            raise pytest.UsageError(f"@pytest.mark.{MARKER}({api!r}): pert_modes entry {m!r}; allowed: {', '.join(PERT_MODES)}")
+    examples = mark.kwargs.get("examples", DEFAULT_EXAMPLES)
+    if not isinstance(examples, int) or isinstance(examples, bool) or examples < 1:
+        raise pytest.UsageError(f"@pytest.mark.{MARKER}({api!r}): examples={examples!r}; allowed: a positive int")
+    kwargs = dict(mark.kwargs.get("kwargs") or {})
+    out = []
+    for dtype in dtypes:
+        for mode in modes or (default_mode(dtype),):
+            skip = None
+            if mode == "improve_precision" and dtype not in _LOW:
+                skip = f"improve_precision has nothing to upcast in {dtype}; use add_noise/bit_noise for {dtype}"
+            out.append(ApiCase(api, dtype, mode, mark.kwargs.get("shapes"), kwargs, examples, skip))
+    return out
+
+
+def generate(metafunc: pytest.Metafunc) -> None:
+    """pytest_generate_tests: parametrize a test carrying the marker over its cases."""
+    marks = list(metafunc.definition.iter_markers(MARKER))
+    if not marks:
+        return
+    cases = [c for mark in marks for c in cases_from_marker(mark)]
+    if CASE_ARG not in metafunc.fixturenames:
+        metafunc.fixturenames.append(CASE_ARG)
+    metafunc.parametrize(CASE_ARG, cases, ids=[c.id for c in cases])
+
+
+def run_case(case: ApiCase, options: Any, nodeid: str, dump_path: Any) -> None:
+    """The property test of one case: raises AssertionError (after shrinking) on a flagged example."""
+    from hypothesis import HealthCheck, given, settings
+
+    from pytest_msprobe.api_inputs import api_spec, canonical_name, resolve_api
+    from pytest_msprobe.strategies import api_inputs
+
+    if case.skip_reason:
+        pytest.skip(case.skip_reason)
+    spec = api_spec(case.api)
+    if options.device == "cpu" and case.dtype in spec.no_cpu:
+        pytest.skip(f"{case.api} has no CPU kernel for {case.dtype} in this torch")
+    from probes.pytorch import PrecisionDebugger
+
+    key = canonical_name(case.api)
+    overrides: dict[str, Any] = {"pert_mode": case.pert_mode, "list": [key]}
+    if case.pert_mode == "to_cpu":
+        overrides["fuzz_device"] = "cpu"
+    config = options.probe_config("free_benchmark", dump_path, overrides)
+    strategy = api_inputs(case.api, case.dtype, shapes=case.shapes, kwargs=case.kwargs, device=options.device)
+    debugger = PrecisionDebugger(config=config)
+    seen = {"rows": 0, "checked": 0}
+
+    @settings(max_examples=case.examples, deadline=None, database=None, print_blob=True,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                     HealthCheck.function_scoped_fixture])
+    @given(inputs=strategy)
+    def check(inputs: tuple[tuple, dict]) -> None:
+        args, kwargs = inputs
+        before = len(debugger.rows)
+        resolve_api(case.api)(*args, **kwargs)  # looked up now: the probe's wrapper
+        rows = debugger.rows[before:]
+        if rows:
+            row = rows[0]
+            raise AssertionError(
+                f"{row.api_name} ({case.dtype}, {case.pert_mode}): max_rel {row.max_rel} > threshold "
+                f"{row.threshold} at output {row.output_index or 0} (shape {row.shape})")
+
+    debugger.start()
+    try:
+        check()
+    finally:
+        debugger.stop()
+        summary = debugger.summary()
+        seen["checked"] = summary["apis"].get(key, {}).get("checked", 0)
+    if seen["checked"] == 0:
+        reasons = [r for r, apis in summary["not_checked"].items() if key in apis] + [
+            e["error"] for e in summary["errors"]]
+        pytest.fail(f"{case.api} was never checked under {case.pert_mode} ({case.dtype}): "
+                    f"{'; '.join(reasons) or 'the API was not called through its public name'}", pytrace=False)

@@ -1,0 +1,80 @@
+"""@pytest.mark.msprobe_api: generated per-API tests with Hypothesis inputs and the free_benchmark
+rule; a seeded defect fails the right item with a shrunk, reproducible example."""
+
+from __future__ import annotations
+
+import pytest
+
+SUITE = '''
+import pytest
+import torch
+
+@pytest.mark.msprobe_api("torch.nn.functional.softmax", kwargs={"dim": -1}, examples=15)
+def test_softmax():
+    pass
+
+@pytest.mark.msprobe_api("torch.expm1", dtypes=["float16"], examples=40)
+def test_expm1(msprobe_api_case):
+    assert msprobe_api_case.pert_mode == "improve_precision"
+
+@pytest.mark.msprobe_api("torch.tanh", dtypes=["float32"], pert_modes=["improve_precision", "bit_noise"], examples=10)
+def test_tanh():
+    pass
+'''
+
+CONFTEST = '''
+import torch
+
+_exp = torch.exp
+
+def naive_expm1(x):  # the seeded defect: cancellation for small |x| in half precision
+    return _exp(x) - 1
+
+def pytest_configure(config):
+    torch.expm1 = naive_expm1
+'''
+
+
+@pytest.fixture
+def suite(pytester):
+    pytester.makepyfile(test_apis=SUITE)
+    pytester.makeconftest(CONFTEST)
+    return pytester
+
+
+def test_generated_items_and_verdicts(suite):
+    result = suite.runpytest_subprocess("-p", "no:cacheprovider", "-v", "-rs")
+    result.assert_outcomes(passed=4, failed=1, skipped=1)
+    result.stdout.fnmatch_lines_random([
+        "*test_apis.py::test_softmax[[]softmax-float32-add_noise[]] PASSED*",
+        "*test_apis.py::test_softmax[[]softmax-float16-improve_precision[]] PASSED*",
+        "*test_apis.py::test_softmax[[]softmax-bfloat16-improve_precision[]] PASSED*",
+        "*test_apis.py::test_expm1[[]expm1-float16-improve_precision[]] FAILED*",
+        "*test_apis.py::test_tanh[[]tanh-float32-improve_precision[]] SKIPPED*",
+        "*test_apis.py::test_tanh[[]tanh-float32-bit_noise[]] PASSED*",
+    ])
+    out = result.stdout.str()
+    assert "Torch.expm1" in out and "(float16, improve_precision): max_rel" in out and "> threshold 0.002" in out
+    assert "Falsifying example" in out and "@reproduce_failure" in out  # shrunk and reproducible
+    assert "improve_precision has nothing to upcast in float32" in out
+
+
+@pytest.mark.parametrize("marker, message", [
+    ('@pytest.mark.msprobe_api("torch.exp", dtypes=["float8"])', "dtypes entry 'float8'; allowed: float16"),
+    ('@pytest.mark.msprobe_api("torch.exp", pert_modes=["loud"])', "pert_modes entry 'loud'; allowed: improve_precision"),
+    ('@pytest.mark.msprobe_api("torch.exp", example=3)', "unknown argument(s) ['example']"),
+    ('@pytest.mark.msprobe_api()', "give exactly one API name"),
+])
+def test_bad_marker_arguments_are_named(pytester, marker, message):
+    pytester.makepyfile(test_bad=f"import pytest\n\n{marker}\ndef test_x():\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    assert message in result.stdout.str() + result.stderr.str()
+    assert result.ret != 0
+
+
+def test_unknown_api_fails_with_close_names(pytester):
+    pytester.makepyfile(test_unknown='import pytest\n\n@pytest.mark.msprobe_api("torch.nn.functional.sofmax")\n'
+                                     'def test_x():\n    pass\n')
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=3)
+    assert "Functional.softmax" in result.stdout.str()

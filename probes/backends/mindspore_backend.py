@@ -5,6 +5,18 @@ The array formulas of the core (probes.core.metrics, probes.free_benchmark.pertu
 MindSpore tensors through probes.backends.mindspore_xp. MindSpore's CPU target lacks some kernels
 for bfloat16 (Abs, Greater, ...): the namespace handed to the core computes magnitudes of bf16
 tensors in float32, which gives the same gates (every bf16 value is exact in float32).
+
+Host arrays on the CPU target. PyNative dispatches every operator on its own, ~0.05-0.5 ms each
+however small the tensor, so a check made of a dozen tiny operators costs as much as a layer of
+the model. On the CPU target a tensor's memory is host memory: ``asnumpy()`` is a view (no copy;
+it only waits for the operators queued before it), and the same core formulas run on it through
+NumPy's array-API namespace for a few microseconds each. So for float16/32/64 (NumPy has no
+bfloat16) and integer tensors of up to HOST_MAX_ELEMENTS elements, the comparison figures
+(ratio_reductions, any_differ) and the perturbations (host_workspace) are computed with NumPy and
+give the same values: elementwise IEEE arithmetic and exact max/min reductions, the same in both.
+NumPy is single-threaded, so bigger tensors, where MindSpore's multi-threaded kernels win and the
+dispatch cost no longer matters, and other device targets (where asnumpy is a real copy) keep the
+MindSpore path.
 """
 
 from __future__ import annotations
@@ -13,12 +25,15 @@ import types
 from contextlib import nullcontext
 from typing import Any
 
+import array_api_compat.numpy as np_xp
 import mindspore as ms
 import mindspore.common.dtype as mstype
+import numpy as np
 from mindspore import Tensor
 
 from probes.backends import mindspore_autodiff, mindspore_xp
 from probes.backends.base import BackendDefaults
+from probes.core import metrics
 
 mindspore_xp.warm_up()  # NumPy 2: the first operator of a process fails once
 
@@ -32,6 +47,14 @@ _INT_VIEW = {"float16": mstype.int16, "bfloat16": mstype.int16, "float32": mstyp
 _LOW_PRECISION = {mstype.float16, mstype.bfloat16}
 _FLOATS = set(_DTYPE_NAMES)
 _COMPUTE = (mstype.float32, mstype.float64)
+# dtypes whose tensors NumPy can view on the host (NumPy has no bfloat16)
+_HOST_VIEWABLE = {mstype.float16, mstype.float32, mstype.float64, mstype.bool_, mstype.int8, mstype.uint8,
+                  mstype.int16, mstype.int32, mstype.int64}
+_HOST_COMPUTE = (np.float32, np.float64)
+#: Tensors up to this many elements are compared and perturbed with NumPy on the CPU target
+#: (see the module docstring): 4 Mi elements, 16 MiB of float32, where a NumPy pass takes a few
+#: ms, as long as MindSpore's dispatch of the dozen operators it replaces.
+HOST_MAX_ELEMENTS = 1 << 22
 
 
 def _abs(x: Any) -> Any:
@@ -45,9 +68,40 @@ XP = types.SimpleNamespace(**{k: v for k, v in vars(mindspore_xp).items() if not
 XP.abs = _abs
 
 
+class HostArrays:
+    """The backend operations the perturbations use, for NumPy arrays (see host_workspace)."""
+
+    def namespace(self, a: Any) -> Any:
+        return np_xp
+
+    def dtype_name(self, a: Any) -> str:
+        return a.dtype.name  # float16 / float32 / float64, as the backends name them
+
+    def shape(self, a: Any) -> tuple[int, ...]:
+        return a.shape
+
+    def clone(self, a: Any) -> Any:
+        return np.array(a, copy=True)
+
+    def bit_view(self, a: Any) -> Any:
+        return a.view(f"int{8 * a.dtype.itemsize}")
+
+    def from_bit_view(self, bits: Any, like: Any) -> Any:
+        return bits.view(like.dtype)
+
+
+HOST_ARRAYS = HostArrays()
+
+
+def _from_host(a: Any) -> Any:
+    """A MindSpore tensor holding the NumPy array `a`, which only the probe holds: shared, not copied."""
+    return ms.from_numpy(np.ascontiguousarray(a))
+
+
 class MindSporeBackend(BackendDefaults):
     name = "mindspore"
     Tensor = Tensor
+    _cpu_target: bool | None = None
 
     def is_tensor(self, x: Any) -> bool:
         return isinstance(x, Tensor)
@@ -104,11 +158,50 @@ class MindSporeBackend(BackendDefaults):
         return bits.view(like.dtype)
 
     def host_floats(self, arrays: list[Any]) -> list[list[float]]:
-        return [a.astype(mstype.float64).asnumpy().reshape(-1).tolist() for a in arrays]
+        """Figures as Python floats; the casts to float64 are NumPy's (exact, and a MindSpore
+        Cast costs ~0.5 ms per call). Tensors come through asnumpy (the first waits for the
+        queued operators), NumPy figures as they are."""
+        out = []
+        for a in arrays:
+            if isinstance(a, Tensor):
+                a = (a.astype(mstype.float32) if a.dtype == mstype.bfloat16 else a).asnumpy()
+            out.append(np.asarray(a, dtype=np.float64).reshape(-1).tolist())
+        return out
+
+    def host_view(self, t: Any) -> np.ndarray | None:
+        """A read-only NumPy view of a tensor on the CPU target (no copy), or None where NumPy
+        should not compute on it (see HOST_MAX_ELEMENTS, the module docstring)."""
+        if not isinstance(t, Tensor) or t.dtype not in _HOST_VIEWABLE or t.size > HOST_MAX_ELEMENTS:
+            return None
+        if self._cpu_target is None:  # the target is fixed once MindSpore has run an operator
+            MindSporeBackend._cpu_target = ms.get_context("device_target") == "CPU"
+        if not self._cpu_target:
+            return None
+        view = t.asnumpy().view()
+        view.flags.writeable = False  # asnumpy shares the tensor's memory: never write through it
+        return view
+
+    def host_workspace(self, t: Any) -> tuple[Any, Any, Any] | None:
+        """(operations, array, back) for the perturbations: they run on a NumPy view of `t`
+        with HOST_ARRAYS, and `back` turns their result into a tensor. None: use the tensor."""
+        view = self.host_view(t)
+        return None if view is None else (HOST_ARRAYS, view, _from_host)
+
+    def ratio_reductions(self, a: Any, b: Any, tol: float) -> Any:
+        """The core formula (metrics.ratio_reductions) on NumPy views where host_view allows,
+        in the dtype to_compute would give, else on MindSpore tensors."""
+        ha, hb = self.host_view(a), self.host_view(b)
+        if ha is None or hb is None or hb.dtype.kind != "f" or ha.dtype.kind != "f":
+            return super().ratio_reductions(a, b, tol)
+        dtype = hb.dtype if hb.dtype in _HOST_COMPUTE else np.float32
+        return metrics.ratio_reductions(np_xp, ha.astype(dtype, copy=False), hb.astype(dtype, copy=False), tol)
 
     def any_differ(self, a: Any, b: Any) -> Any:
         if tuple(a.shape) != tuple(b.shape):
             return Tensor([float(max(int(a.size), 1))], mstype.float64)
+        ha, hb = self.host_view(a), self.host_view(b)
+        if ha is not None and hb is not None:
+            return np.array([np.count_nonzero(ha != hb)], dtype=np.float64)
         return (a != b).astype(mstype.float64).sum().reshape(1)
 
     def no_grad(self) -> Any:

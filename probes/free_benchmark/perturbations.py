@@ -5,6 +5,12 @@ are never modified: a perturbed tensor is always a new tensor, and containers on
 are rebuilt (their types kept; the reference's MindSpore add_noise turned tuples into lists, B24).
 Only host-known facts (dtype, shape) decide whether a mode applies: value-dependent gates are
 applied element-wise on the device, so no mode forces a device-to-host synchronisation.
+
+A backend may offer `host_workspace(t)`: (operations, array, back) when the tensor's values are
+in host memory anyway and the mode's few element-wise operations are cheaper on a host array
+than dispatched one by one as framework operators (MindSpore PyNative on the CPU target); the
+mode then runs the same code on the array with those operations and `back` makes the result a
+tensor. A backend without it (torch) or returning None computes on the tensor itself.
 """
 
 from __future__ import annotations
@@ -47,6 +53,17 @@ def _float_leaves(backend: Any, args: tuple, kwargs: dict):
     for path, leaf in iter_leaves(kwargs):
         if backend.is_tensor(leaf) and backend.is_float(leaf):
             yield "kwargs", path, leaf
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+def _workspace(backend: Any, t: Any) -> tuple[Any, Any, Any]:
+    """(operations, values, back): where a mode computes on `t` (see the module docstring)."""
+    host = getattr(backend, "host_workspace", None)
+    found = host(t) if host is not None else None
+    return found if found is not None else (backend, t, _identity)
 
 
 def _replace(args: tuple, kwargs: dict, where: str, path: tuple, value: Any) -> tuple[tuple, dict]:
@@ -120,20 +137,20 @@ class AddNoise(Perturbation):
     mode = "add_noise"
 
     def perturb(self, t: Any) -> Any:
-        b = self.backend
+        b, t, back = _workspace(self.backend, t)
         xp = b.namespace(t)
         name = b.dtype_name(t)
         v = th.NOISE_VALUE[name]
         gate = v**0.5
         magnitude = xp.abs(t)
         if self.add_noise_style == "reference":
-            return xp.where(magnitude > gate, t + v, t)
+            return back(xp.where(magnitude > gate, t + v, t))
         if name in th.HALF_DTYPES:  # sqrt(v) rounds up in half precision: compare in float32
             magnitude = xp.astype(magnitude, xp.float32)
         # the largest finite value has no finite neighbour further out; inf and NaN stay as they are
         eligible = (magnitude > gate) & (magnitude < float(_finfo_max(name)))
         bits = b.bit_view(t)
-        return b.from_bit_view(xp.where(eligible, bits + 1, bits), t)
+        return back(b.from_bit_view(xp.where(eligible, bits + 1, bits), t))
 
 
 class BitNoise(Perturbation):
@@ -143,12 +160,12 @@ class BitNoise(Perturbation):
     mode = "bit_noise"
 
     def perturb(self, t: Any) -> Any:
-        b = self.backend
+        b, t, back = _workspace(self.backend, t)
         xp = b.namespace(t)
         magnitude = xp.abs(t)
         eligible = (magnitude > th.SMALLEST_NORMAL[b.dtype_name(t)]) & (magnitude < float("inf"))
         bits = b.bit_view(t)
-        return b.from_bit_view(xp.where(eligible, xp.bitwise_xor(bits, xp.ones_like(bits)), bits), t)
+        return back(b.from_bit_view(xp.where(eligible, xp.bitwise_xor(bits, xp.ones_like(bits)), bits), t))
 
 
 class ChangeValue(Perturbation):
@@ -170,12 +187,13 @@ class ChangeValue(Perturbation):
         return None
 
     def perturb(self, t: Any) -> Any:
-        x = self.backend.clone(t)
-        first, last = ((0,), (-1,)) if len(self.backend.shape(t)) == 1 else ((0, 0), (-1, -1))
-        a, z = self.backend.clone(t[first]), self.backend.clone(t[last])
+        b, t, back = _workspace(self.backend, t)
+        x = b.clone(t)
+        first, last = ((0,), (-1,)) if len(b.shape(t)) == 1 else ((0, 0), (-1, -1))
+        a, z = b.clone(t[first]), b.clone(t[last])
         x[first] = z
         x[last] = a
-        return x
+        return back(x)
 
 
 class NoChange(Perturbation):

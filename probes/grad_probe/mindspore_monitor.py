@@ -19,6 +19,16 @@ Differences from msprobe 8.3.3 (spec grad_probe_online_dispatch.md §2.2, §3, �
   header + rows block, B-G8). Parameter names with characters outside ``[A-Za-z0-9_.-]`` are
   percent-encoded in file names (the reference raises at L1/L2, B-G8).
 * Statistics in float64 (B-G5); an empty gradient gives a NaN row (B-G6).
+* On the CPU target the statistics, the direction (``g > 0``) and the L0 checksum of float16/32/64
+  gradients are computed with NumPy on a view of the gradient (``asnumpy()``, no copy: the
+  tensor's memory is host memory): the same :func:`stats.stat_vector` formula, no MindSpore
+  operator at all. PyNative dispatches each operator on its own (~0.1-0.5 ms however small the
+  tensor), so the ~10 operators per parameter of the tensor path cost more than the optimizer
+  step. bfloat16 gradients (NumPy has no bfloat16), gradients over
+  ``mindspore_backend.HOST_MAX_ELEMENTS`` elements (where MindSpore's multi-threaded kernels
+  beat single-threaded NumPy) and other device targets take the tensor path, whose statistics
+  vectors are stacked and copied to the host once per step. The norm's float64 sum may differ
+  from the tensor path's in the last bits (summation order); max, min and fractions are exact.
 * bfloat16 on CPU: MindSpore has no CPU ``Greater`` kernel for bfloat16, so ``g > 0`` (direction
   files) is computed on a float32 upcast (exact: the sign does not change); any other statistic
   whose kernel is missing for a low-precision dtype is upcast the same way. ``summary.json``
@@ -40,10 +50,12 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import array_api_compat.numpy as np_xp
 import mindspore as ms
 import numpy as np
 
 from probes.backends import mindspore_xp as xp
+from probes.backends.mindspore_backend import BACKEND
 from probes.core.config import ProbeConfig
 from probes.core.errors import ProbeError
 from probes.grad_probe import csv_format, stats
@@ -171,23 +183,25 @@ class MindSporeGradMonitor(MonitorBase):
                 dtype_name = _FLOATS.get(g.dtype)
                 if dtype_name is None:
                     raise TypeError(f"gradient of dtype {g.dtype} is not a real floating-point tensor")
-                vec = self._op(dtype_name, "statistics", g,
-                               lambda t: stats.stat_vector(xp, t, self.bounds, self.histogram, dtype=xp.float64))
+                host = BACKEND.host_view(g)  # None: the tensor path (see the module docstring)
+                if host is not None:
+                    vec = stats.stat_vector(np_xp, host, self.bounds, self.histogram, dtype=np_xp.float64)
+                else:
+                    vec = self._op(dtype_name, "statistics", g,
+                                   lambda t: stats.stat_vector(xp, t, self.bounds, self.histogram, dtype=xp.float64))
                 self._compute_dtypes.add("float64")
                 md5 = None
                 if self.level == "L0":
-                    md5 = stats.crc32_hex(g.astype(xp.float32).asnumpy())
+                    md5 = stats.crc32_hex(host if host is not None else g.astype(xp.float32).asnumpy())
                 else:
-                    positive = self._op(dtype_name, "direction", g, lambda t: t > 0).asnumpy()
+                    positive = host > 0 if host is not None else self._op(dtype_name, "direction", g, lambda t: t > 0).asnumpy()
                     csv_format.write_direction(csv_format.direction_path(self.dump_path, rank, step, name), positive)
                 pending.append((name, tuple(int(s) for s in g.shape), vec, md5))
             except Exception as exc:
                 if self.config.strict:
                     raise  # recorded once, by _hook
                 self._record_error(step, name, exc)
-        rows: list[list[float]] = []
-        if pending:
-            rows = np.asarray(xp.stack([v for _, _, v, _ in pending]).asnumpy(), dtype=np.float64).tolist()
+        rows = _host_rows([v for _, _, v, _ in pending])
         records = [
             stats.split_stats(name, shape, row, self.bounds, self.histogram, md5)
             for (name, shape, _, md5), row in zip(pending, rows)
@@ -232,6 +246,18 @@ GradMonitor = MindSporeGradMonitor
 
 
 # ---------------------------------------------------------------------- helpers
+def _host_rows(vectors: list[Any]) -> list[list[float]]:
+    """Statistics vectors as float lists: NumPy ones as they are, MindSpore ones stacked and
+    copied to the host in one transfer."""
+    rows: list[Any] = list(vectors)
+    on_device = [i for i, v in enumerate(vectors) if isinstance(v, ms.Tensor)]
+    if on_device:
+        copied = np.asarray(xp.stack([vectors[i] for i in on_device]).asnumpy(), dtype=np.float64)
+        for i, row in zip(on_device, copied):
+            rows[i] = row
+    return [np.asarray(r, dtype=np.float64).tolist() for r in rows]
+
+
 _MISSING: dict[tuple[str, str], bool] = {}
 
 

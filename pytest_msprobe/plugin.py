@@ -68,6 +68,7 @@ class MsprobeOptions:
         self.root = Path(dump) if dump is not None else Path(config.rootpath) / ".msprobe"
         self.dump_given = dump is not None
         self._device: str | None = None
+        self.api_results: list[dict[str, Any]] = []  # one per @msprobe_api test that ran
         if self.task is not None and self.task not in TASKS:
             raise pytest.UsageError(f"--msprobe-task={self.task!r} is not a task; allowed: {', '.join(TASKS)}")
         if self.task is not None and self.task not in AVAILABLE_TASKS:
@@ -218,8 +219,19 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Any:
         from pytest_msprobe.api_marker import run_case
 
         options: MsprobeOptions = pyfuncitem.config.stash[_OPTIONS_KEY]
-        run_case(callspec.params["msprobe_api_case"], options, pyfuncitem.nodeid,
-                 test_dump_path(options.root, pyfuncitem.nodeid))
+        case = callspec.params["msprobe_api_case"]
+        entry = {"test": pyfuncitem.nodeid, "api": case.api, "dtype": case.dtype, "pert_mode": case.pert_mode,
+                 "flagged": None}
+        try:
+            run_case(case, options, pyfuncitem.nodeid, test_dump_path(options.root, pyfuncitem.nodeid))
+        except AssertionError as exc:
+            entry["flagged"] = str(exc).splitlines()[0]
+            options.api_results.append(entry)
+            if options.fail_on == "risk":
+                raise
+            pyfuncitem.user_properties.append(("msprobe_flagged_api", entry["flagged"]))
+        else:
+            options.api_results.append(entry)
     return (yield)
 
 
@@ -286,14 +298,21 @@ def grad_probe(request: pytest.FixtureRequest) -> Any:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
+    options: MsprobeOptions | None = session.config.stash.get(_OPTIONS_KEY, None)
     state: MsprobeSession | None = session.config.stash.get(_SESSION_KEY, None)
-    if state is None:
-        return
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:  # an xdist worker: the controller writes the session files
-        workeroutput["msprobe"] = json.dumps(state.results)
+        if state is not None:
+            workeroutput["msprobe"] = json.dumps(state.results)
+        if options is not None and options.api_results:
+            workeroutput["msprobe_api"] = json.dumps(options.api_results)
         return
-    _write_session_files(state)
+    if options is not None and options.api_results:
+        from probes.core.writers import write_json_atomic
+
+        write_json_atomic(options.root / "api_checks.json", {"tests": options.api_results})
+    if state is not None:
+        _write_session_files(state)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -302,6 +321,9 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
     output = getattr(node, "workeroutput", None) or {}
     if state is not None and "msprobe" in output:
         state.results.extend((nodeid, s) for nodeid, s in json.loads(output["msprobe"]))
+    options: MsprobeOptions | None = node.config.stash.get(_OPTIONS_KEY, None)
+    if options is not None and "msprobe_api" in output:
+        options.api_results.extend(json.loads(output["msprobe_api"]))
 
 
 def _write_session_files(state: MsprobeSession) -> None:
@@ -320,8 +342,18 @@ def _write_session_files(state: MsprobeSession) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    if getattr(config, "workeroutput", None) is not None:
+        return
+    options: MsprobeOptions | None = config.stash.get(_OPTIONS_KEY, None)
+    if options is not None and options.api_results:
+        from pytest_msprobe.reporting import api_check_lines
+
+        terminalreporter.section("msprobe per-API checks")
+        for line in api_check_lines(options.api_results):
+            terminalreporter.write_line(line)
+        terminalreporter.write_line(f"details: {os.fspath(options.root / 'api_checks.json')}")
     state: MsprobeSession | None = config.stash.get(_SESSION_KEY, None)
-    if state is None or getattr(config, "workeroutput", None) is not None:
+    if state is None:
         return
     tr = terminalreporter
     tr.section(f"msprobe {state.task.name}: {state.task.table_title}")

@@ -83,3 +83,11 @@ def risky_table_lines(table: dict[str, dict[str, Any]]) -> list[str]:
     widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     return [fmt.format(*header), fmt.format(*("-" * w for w in widths))] + [fmt.format(*r) for r in rows]
+
+
+def api_check_lines(results: list[dict[str, Any]]) -> list[str]:
+    """The session's per-API (marker) checks: the flagged ones, then a count."""
+    flagged = sorted((r for r in results if r["flagged"]), key=lambda r: (r["api"], r["dtype"], r["pert_mode"]))
+    lines = [f"{r['api']} [{r['dtype']}, {r['pert_mode']}]: {r['flagged']}" for r in flagged]
+    lines.append(f"{len(results) - len(flagged)} of {len(results)} API x dtype x mode checks within their thresholds")
+    return lines

@@ -78,3 +78,20 @@ def test_unknown_api_fails_with_close_names(pytester):
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(failed=3)
     assert "Functional.softmax" in result.stdout.str()
+
+
+def test_fail_on_never_reports_and_xdist_merges(suite):
+    import json
+
+    dump = suite.path / "out"
+    result = suite.runpytest_subprocess("-p", "no:cacheprovider", "--msprobe-fail-on=never", "-n", "2",
+                                        f"--msprobe-dump-path={dump}")
+    result.assert_outcomes(passed=5, skipped=1)
+    result.stdout.fnmatch_lines([
+        "*msprobe per-API checks*",
+        "torch.expm1 [[]float16, improve_precision[]]: Torch.expm1.* > threshold 0.002*",
+        "4 of 5 API x dtype x mode checks within their thresholds",
+    ])
+    checks = json.loads((dump / "api_checks.json").read_text())["tests"]
+    assert len(checks) == 5  # both workers' results, merged by the controller
+    assert [c["api"] for c in checks if c["flagged"]] == ["torch.expm1"]

@@ -206,9 +206,9 @@ def rows(cmp: OpComparison, out_figs: list[list[float]], all_details: bool = Fal
     """(input rows, output rows) of one op, outputs judged by the documented rule + noise floor.
 
     The inputs' magnitudes (the floor's scale) are measured only when a leaf fails the literal
-    rule with the floor of its own magnitudes, so a clean op pays nothing for them; input rows
-    carry statistics, and output rows the §6.2 single-benchmark columns, for failing ops (for
-    every op when `all_details`).
+    rule with the floor of its own magnitudes, so a clean op pays nothing for them; the max /
+    min / mean columns and the §6.2 single-benchmark columns are filled for failing ops (for
+    every op when `all_details`, i.e. debug=True): they are evidence, and they cost passes.
     """
     biggest = max([leaf.numel for leaf in cmp.inputs if leaf.is_float and leaf.tensor] + [1])
     in_stats: list[list[float]] | None = None
@@ -233,7 +233,7 @@ def rows(cmp: OpComparison, out_figs: list[list[float]], all_details: bool = Fal
             continue
         f = out_figs[leaf.index]
         numel = max(1, _numel(leaf.shape))
-        out_scale = max(dm.finite_abs_max(f[dm.DEV_MAX], f[dm.DEV_MIN]), dm.finite_abs_max(f[dm.REF_MAX], f[dm.REF_MIN]))
+        out_scale = dm.leaf_scale(f)
         verdict = dm.judge(f, numel, leaf.dtype_name, dm.noise_floor(leaf.dtype_name, max(out_scale, in_scale),
                                                                      biggest / numel))
         if verdict.failed and in_stats is None:
@@ -246,6 +246,7 @@ def rows(cmp: OpComparison, out_figs: list[list[float]], all_details: bool = Fal
             sb_wanted.append((row, leaf))
     if sb_wanted:
         _fill_single_benchmark(cmp, sb_wanted)
+        _fill_output_stats(cmp, sb_wanted)
     if any(r.failed for r in out_rows) and in_stats is None:
         measure_inputs()
     in_rows: list[Row] = []
@@ -254,10 +255,25 @@ def rows(cmp: OpComparison, out_figs: list[list[float]], all_details: bool = Fal
         if not leaf.tensor:
             stats = (leaf.value, leaf.value, leaf.value)
         elif leaf.index >= 0 and in_stats is not None:
-            mx, mn, total, count = in_stats[leaf.index]
-            stats = (mx, mn, total / count if count else float("nan"))
+            stats = _mean_stats(in_stats[leaf.index])
         in_rows.append(input_row(leaf.name, leaf.dev_dtype, leaf.ref_dtype, str(leaf.shape), stats))
     return in_rows, out_rows
+
+
+def _mean_stats(st: list[float]) -> tuple[float, float, float]:
+    mx, mn, total, count = st
+    return mx, mn, total / count if count else float("nan")
+
+
+def _fill_output_stats(cmp: OpComparison, wanted: list[tuple[Row, OutputLeaf]]) -> None:
+    """NPU/Bench max, min, mean of some output leaves (one host transfer)."""
+    tensors = []
+    for _, leaf in wanted:
+        tensors += list(cmp.pairs[leaf.index])
+    stats = input_statistics(tensors)
+    for i, (row, _) in enumerate(wanted):
+        row.npu_stats = _mean_stats(stats[2 * i])
+        row.bench_stats = _mean_stats(stats[2 * i + 1])
 
 
 def _fill_single_benchmark(cmp: OpComparison, wanted: list[tuple[Row, OutputLeaf]]) -> None:

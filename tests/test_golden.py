@@ -409,3 +409,14 @@ def test_outcome_details_are_json_serialisable():
     out = check("grad", nan_run)
     assert not out.ok and "rank0 step 0 fc.bias norm: golden 4.05951, now nan" in out.message
     json.dumps(out.details, allow_nan=False)
+
+
+def test_grad_run_reads_the_plugin_watch_optimizer_folders():
+    dump = grad_dump(Path("dump"))
+    grad_dump(dump / "optimizer1", params={"head.w": (5,)}, seed=1)
+    check = recorded("grad", "check_grad_run", dump)
+    assert check("grad", dump).details["counts"]["cells"] == 3 * len(PARAMS) + 3
+    grad_dump(Path("bad"))
+    grad_dump(Path("bad") / "optimizer1", params={"head.w": (5,)}, seed=1, flip=(0, 0, "head.w", 0.2))
+    out = check("grad", Path("bad"))
+    assert not out.ok and "optimizer1/rank0 head.w: similarity 0.8 < 0.97" in out.message

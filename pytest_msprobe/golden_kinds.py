@@ -29,7 +29,7 @@ import numpy as np
 
 from probes.core.errors import ConfigError
 from probes.core.writers import read_csv_rows
-from probes.grad_probe.comparator import _ranks, _step_csvs, _step_dirs, is_dump_root
+from probes.grad_probe.comparator import is_dump_root, rank_dirs, step_csvs, step_dirs
 from probes.grad_probe.csv_format import file_name_for_param, param_from_file_name
 from probes.grad_probe.direction_rule import FIRST_STEP_MIN, MAX_DROP, apply_rule
 
@@ -430,11 +430,11 @@ class GradRun:
 def _units(path: Path) -> dict[str, Path]:
     """``rank{R}`` (and ``optimizer{k}/rank{R}`` of the plugin's watch) -> rank folder."""
     if is_dump_root(path):
-        units = {f"rank{r}": d for r, d in _ranks(path).items()}
+        units = {f"rank{r}": d for r, d in rank_dirs(path).items()}
         for sub in sorted(p for p in path.iterdir() if p.is_dir() and _OPTIMIZER_RE.match(p.name)):
-            units.update({f"{sub.name}/rank{r}": d for r, d in _ranks(sub).items()})
+            units.update({f"{sub.name}/rank{r}": d for r, d in rank_dirs(sub).items()})
         return units
-    if _step_csvs(path) or _step_dirs(path):
+    if step_csvs(path) or step_dirs(path):
         return {path.name if _RANK_RE.match(path.name) else "rank0": path}
     return {}
 
@@ -454,7 +454,7 @@ def grad_snapshot(dump_dir: Any) -> GradRun:
         raise ConfigError("dump_dir", str(dump_dir), allowed, hint="this folder holds neither")
     run = GradRun()
     for unit, folder in units.items():
-        for step, csv_path in _step_csvs(folder).items():
+        for step, csv_path in step_csvs(folder).items():
             rows = read_csv_rows(csv_path)
             pcol = next((c for c in _PARAM_COLUMNS if rows and c in rows[0]), None)
             if rows and pcol is None:
@@ -464,7 +464,7 @@ def grad_snapshot(dump_dir: Any) -> GradRun:
                 run.stats[(unit, step, row[pcol])] = GradStats(_num(row.get("max")), _num(row.get("min")),
                                                                _num(row.get("norm")), (row.get("shape") or "").strip(),
                                                                (row.get("MD5") or "").strip().lower())
-        for step, step_dir in _step_dirs(folder).items():
+        for step, step_dir in step_dirs(folder).items():
             for npy in sorted(step_dir.glob("*.npy")):
                 try:
                     param = param_from_file_name(npy.name[:-4])

@@ -255,24 +255,24 @@ def _numbered(directory: Path, pattern: re.Pattern, want_dir: bool, canonical: s
     return found
 
 
-def _ranks(p: Path) -> dict[int, Path]:
+def rank_dirs(p: Path) -> dict[int, Path]:
     return _numbered(p, _RANK_RE, True, "rank{}")
 
 
-def _step_dirs(p: Path) -> dict[int, Path]:
+def step_dirs(p: Path) -> dict[int, Path]:
     return _numbered(p, _STEP_RE, True, "step{}")
 
 
-def _step_csvs(p: Path) -> dict[int, Path]:
+def step_csvs(p: Path) -> dict[int, Path]:
     return _numbered(p, _CSV_RE, False, "grad_summary_{}.csv")
 
 
 def is_dump_root(path: PathLike) -> bool:
     """True for a folder holding rank{R} folders and no grad_summary CSV / step folder of its own."""
     p = Path(path)
-    if _step_csvs(p) or _step_dirs(p):
+    if step_csvs(p) or step_dirs(p):
         return False
-    return bool(_ranks(p))
+    return bool(rank_dirs(p))
 
 
 @dataclass
@@ -497,7 +497,7 @@ class GradComparator:
         check_thresholds(first_step_min, max_drop)
         a = _check_input("path1", path1)
         b = _check_input("path2", path2)
-        ranks_a, ranks_b = _ranks(a), _ranks(b)
+        ranks_a, ranks_b = rank_dirs(a), rank_dirs(b)
         if not ranks_a and not ranks_b:
             raise ValueError(f"no rank{{R}} folder in {a} nor in {b}: pass dump roots to compare_distributed, "
                              "or rank folders to compare")
@@ -523,8 +523,8 @@ class GradComparator:
 
 def _compare_rank(a: Path, b: Path, first_step_min: float, max_drop: float,
                   progress: bool | None) -> GradComparison:
-    dirs_a, dirs_b = _step_dirs(a), _step_dirs(b)
-    csvs_a, csvs_b = _step_csvs(a), _step_csvs(b)
+    dirs_a, dirs_b = step_dirs(a), step_dirs(b)
+    csvs_a, csvs_b = step_csvs(a), step_csvs(b)
     res = GradComparison(str(a), str(b), None, [], [], {}, {}, {}, [], first_step_min=first_step_min,
                          max_drop=max_drop)
     # which steps can be compared, and how
@@ -561,7 +561,7 @@ def _compare_rank(a: Path, b: Path, first_step_min: float, max_drop: float,
     if only_a or only_b:
         res.notes.append(f"steps in one run only (not compared): a={only_a} b={only_b}")
     if not res.steps:
-        if _ranks(a) or _ranks(b):
+        if rank_dirs(a) or rank_dirs(b):
             res.notes.append("these folders hold rank{R} folders: use compare_distributed (or pass rank folders)")
         return res
 

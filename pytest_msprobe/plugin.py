@@ -29,6 +29,7 @@ DEVICES = ("auto", "npu", "cuda", "cpu")
 TOOL_FIXTURES = ("free_benchmark", "grad_probe", "online_dispatch", "msprobe_api_case")
 _SESSION_KEY = pytest.StashKey["MsprobeSession"]()
 _OPTIONS_KEY = pytest.StashKey["MsprobeOptions"]()
+_RUNS_KEY = pytest.StashKey[list]()  # the tool fixtures' runs of a test, for its golden check
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -115,6 +116,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "msprobe_api(api, dtypes=[...], pert_modes=[...], shapes=..., kwargs={...}, examples=30): "
         "generate one free_benchmark property test per dtype and perturbation mode, inputs from Hypothesis")
+    config.addinivalue_line(
+        "markers", "msprobe_golden(name): compare this test's probe results with golden/<name> "
+        "(--msprobe-regen-golden writes it)")
     options = MsprobeOptions(config)
     config.stash[_OPTIONS_KEY] = options
     if options.task is None:
@@ -181,25 +185,36 @@ def _framework_of(item: pytest.Item) -> str | None:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Any:
     session: MsprobeSession | None = item.config.stash.get(_SESSION_KEY, None)
-    if session is None or item.get_closest_marker("msprobe_off"):
-        return (yield)
-    if any(name in TOOL_FIXTURES for name in getattr(item, "fixturenames", ())):
-        return (yield)  # the test runs its probes itself
+    golden = item.get_closest_marker("msprobe_golden")
     framework = _framework_of(item)
-    if framework is None:
+    whole_suite = (session is not None and framework is not None and not item.get_closest_marker("msprobe_off")
+                   and not any(name in TOOL_FIXTURES for name in getattr(item, "fixturenames", ())))
+    if not whole_suite and golden is None:
         return (yield)
-    task = session.task
-    handle = task.start(framework, session.test_config(item))
+    handle = outcome = None
+    if whole_suite:
+        handle = session.task.start(framework, session.test_config(item))
     try:
         result = yield
     finally:
-        outcome = task.finish(handle)
-        session.results.append((item.nodeid, outcome))
-    item.user_properties.extend(task.properties(outcome))
-    if task.flagged(outcome):
-        message = task.failure(item.nodeid, outcome)
-        if message and session.fail_on == "risk":
-            pytest.fail(message, pytrace=False)
+        if whole_suite:
+            outcome = session.task.finish(handle)
+            session.results.append((item.nodeid, outcome))
+    failures = []
+    if whole_suite:
+        task = session.task
+        item.user_properties.extend(task.properties(outcome))
+        message = task.failure(item.nodeid, outcome) if task.flagged(outcome) else None
+        if message and session.fail_on == "risk" and golden is None:  # a golden test is judged by its golden
+            failures.append(message)
+    if golden is not None:
+        from pytest_msprobe.golden_checks import check_marked_test
+
+        options: MsprobeOptions = item.config.stash[_OPTIONS_KEY]
+        suite = (session.task.name, outcome, session.test_dump_path(item.nodeid)) if whole_suite else None
+        failures += check_marked_test(item, golden, options, suite, item.stash.get(_RUNS_KEY, []))
+    if failures:
+        pytest.fail("\n\n".join(failures), pytrace=False)
     return result
 
 
@@ -265,6 +280,7 @@ def _tool_factory(request: pytest.FixtureRequest, tool: str) -> Any:
     options: MsprobeOptions = request.config.stash[_OPTIONS_KEY]
     item = request.node
     made: list[Any] = []
+    item.stash.setdefault(_RUNS_KEY, []).append((tool, made))
 
     def make(*, framework: str | None = None, **overrides: Any) -> Any:
         """A run of the tool around a `with` block; keyword arguments override config keys."""
@@ -283,6 +299,16 @@ def _tool_factory(request: pytest.FixtureRequest, tool: str) -> Any:
 
     request.addfinalizer(close_all)
     return make
+
+
+@pytest.fixture
+def msprobe_golden(request: pytest.FixtureRequest) -> Any:
+    """`msprobe_golden.check(run_or_result, name=None)`: compare a tool run (or a grad_probe dump
+    path, or a list of online_dispatch failing ops) with golden/<name>; fails the test when it
+    regressed, is missing, or was just regenerated."""
+    from pytest_msprobe.golden_checks import GoldenFixture
+
+    return GoldenFixture(request.node, request.config.stash[_OPTIONS_KEY])
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ MindSpore is imported, and unprobed when no framework is.
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import inspect
 import json
@@ -139,6 +140,9 @@ class MsprobeSession:
         self.task = RUNNERS[probe_config.task]()
         self.root = Path(probe_config.dump_path)
         self.results: list[tuple[str, dict[str, Any]]] = []  # (nodeid, per-test result)
+        self.outcomes: dict[str, str] = {}  # nodeid -> passed/failed/skipped (for the report)
+        self.report: Path | None = None
+        self.report_error: str | None = None
 
     def test_dump_path(self, nodeid: str) -> Path:
         return test_dump_path(self.root, nodeid)
@@ -358,13 +362,46 @@ def _write_session_files(state: MsprobeSession) -> None:
     if not state.results:
         return
     table = state.table()
-    write_json_atomic(state.root / "summary.json", {
+    tests = {}
+    for nodeid, r in state.results:
+        tests[nodeid] = dict(state.task.test_entry(r), outcome=state.outcomes.get(nodeid, "unknown"))
+    summary = {
         "tool": state.task.name,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        "versions": _versions(),
+        "device": state.config.stash[_OPTIONS_KEY].device,
         "config": state.probe_config.to_dict(),
-        "tests": {nodeid: state.task.test_entry(r) for nodeid, r in state.results},
+        "tests": tests,
         "apis" if state.task.name == "free_benchmark" else "params": table,
-    })
-    state.table_cache = table  # type: ignore[attr-defined]
+    }
+    write_json_atomic(state.root / "summary.json", summary)
+    try:
+        from pytest_msprobe.html_report import render_html
+
+        state.report = render_html(summary, state.root / "report.html")
+    except Exception as exc:  # the report is a view of summary.json: never fail the session for it
+        state.report_error = f"{type(exc).__name__}: {exc}"
+
+
+def _versions() -> dict[str, str]:
+    """The versions a result depends on: what made the numbers (frameworks already imported)."""
+    from importlib import metadata
+
+    out = {"python": sys.version.split()[0]}
+    wanted = ["pytest-msprobe", "pytest"] + [d for d in ("torch", "mindspore", "torch_npu") if d in sys.modules]
+    for dist in wanted:
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -> None:
+    state: MsprobeSession | None = config.stash.get(_SESSION_KEY, None)
+    if state is not None and (report.when == "call" or report.outcome != "passed"):
+        state.outcomes[report.nodeid] = report.outcome
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
@@ -389,3 +426,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     for line in state.task.table_lines(state.table(), state.results):
         tr.write_line(line)
     tr.write_line(f"details: {os.fspath(state.root / 'summary.json')} and per-test files under {state.root / 'tests'}")
+    if state.report is not None:
+        tr.write_line(f"report: {os.fspath(state.report)}")
+    elif state.report_error:
+        tr.write_line(f"report.html could not be written: {state.report_error}")

@@ -138,3 +138,16 @@ def test_junit_xml_carries_the_worst_figure(suite):
     assert "msprobe_flagged_apis" not in cases["test_clean"]
     assert cases["test_clean"]["msprobe_apis_checked"] == "0"  # fp32 under improve_precision: nothing to upcast
     assert int(risky["msprobe_apis_checked"]) >= 1
+
+
+def test_session_summary_and_html_report(suite):
+    dump = suite.path / "out"
+    result = suite.runpytest_subprocess("--msprobe-task=free_benchmark", f"--msprobe-dump-path={dump}", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2, failed=1)
+    summary = json.loads((dump / "summary.json").read_text())
+    assert summary["device"] == "cpu" and summary["versions"]["torch"].startswith("2.")
+    assert summary["tests"]["test_suite.py::test_risky"]["outcome"] == "failed"
+    assert summary["tests"]["test_suite.py::test_clean"]["outcome"] == "passed"
+    html = (dump / "report.html").read_text()
+    assert "Torch.expm1" in html and "data:image/png;base64," in html
+    result.stdout.fnmatch_lines([f"report: {dump / 'report.html'}"])

@@ -15,12 +15,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from probes.backends.torch_backend import BACKEND
 from probes.core import dispatch_metrics as dm
 from probes.core.errors import ConfigError
 from probes.online_dispatch import skip_list
 from probes.online_dispatch.reference import reference_dtype
 from probes.pytorch.common import seed_all
 from probes.pytorch.online_dispatch import PtdbgDispatch
+
+XP = BACKEND.namespace(None)
 
 
 # helpers ------------------------------------------------------------------------------------------
@@ -144,6 +147,11 @@ def test_seeded_float32_defect_is_flagged_dumped_and_nothing_else(tmp_path, capl
     bad = [r for r in rows if r["Accuracy Reached or Not"] != "Yes"]
     assert [r["NPU Name"] for r in bad] == ["scaled_tanh_1_output"]
     assert bad[0]["Single Benchmark"] == "fail" and bad[0]["NPU_Stack_Info"].startswith("[[")
+    assert "test_online_dispatch.py" in bad[0]["NPU_Stack_Info"]  # the user's frame, not torch's
+    assert float(bad[0]["NPU min"]) >= 0 > float(bad[0]["Bench min"])  # evidence: the lost sign
+    good = [r for r in rows if r["Accuracy Reached or Not"] == "Yes"]
+    assert good and all(r["NPU max"] == r["MaxRelativeErr"] == r["Single Benchmark"] == "" for r in good)
+    assert float(bad[0]["MaxRelativeErr"]) > 1.0
     assert float(bad[0]["MaxAbsErr"]) > 1e-3
     # dumps: that op only, inputs in npu/, both outputs in cpu/ and npu/
     assert sorted(p.name for p in (run / "npu").iterdir()) == ["scaled_tanh_1_input.0.npy", "scaled_tanh_1_output.npy"]
@@ -157,6 +165,18 @@ def test_seeded_float32_defect_is_flagged_dumped_and_nothing_else(tmp_path, capl
     lines = [r.getMessage() for r in caplog.records if "Failed" in r.getMessage()]
     assert len(lines) == 1 and "scaled_tanh_1" in lines[0] and "Cosine=" in lines[0] and "MaxAbsErr=" in lines[0]
     assert torch.isfinite(z)
+
+
+def test_debug_fills_every_column(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="probes")
+    x = torch.randn(4, 4)
+    with PtdbgDispatch(dump_path=str(tmp_path), debug=True) as d:
+        torch.relu(x @ x)
+    rows = read_rows(d.run_dir)
+    assert rows and all(r["NPU max"] != "" for r in rows)
+    assert all(r["MaxRelativeErr"] != "" for r in outputs(rows))
+    assert all(r["Single Benchmark"] == "pass" for r in outputs(rows))
+    assert any("mm_1" in r.getMessage() for r in caplog.records)
 
 
 def test_seeded_defect_in_backward_and_float64_is_clean(tmp_path):
@@ -307,7 +327,7 @@ def test_skips_are_counted_and_rng_stream_is_untouched(tmp_path):
 
 # 6. the verdict: documented rule, edge cases, noise floor -----------------------------------------
 def _judge(dev, ref, dtype="float32", floor=0.0):
-    xp = __import__("array_api_compat.torch", fromlist=["x"])
+    xp = XP
     d = torch.tensor(dev, dtype=torch.float64)
     r = torch.tensor(ref, dtype=torch.float64)
     figs = dm.leaf_figures(xp, d, r).tolist()
@@ -320,7 +340,9 @@ def test_documented_test_vector():
     v = _judge([1.0, 2.0, 3.0], [1.0, 2.0, 3.1])
     assert dm.format_figure(v.cosine) == "0.999877767048"
     assert dm.format_figure(v.max_abs_err) == "0.100000000000"
-    assert dm.format_figure(v.max_rel_err) == "0.032258064516"
+    assert v.max_rel_err == ""  # evidence: measured for failing leaves only
+    rel = dm.max_relative_error(XP, torch.tensor([1.0, 2.0, 3.0]), torch.tensor([1.0, 2.0, 3.1], dtype=torch.float64))
+    assert dm.format_figure(float(rel)) == "0.032258064516"
     assert v.accuracy == "Yes"
 
 

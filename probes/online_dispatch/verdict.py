@@ -206,9 +206,10 @@ def rows(cmp: OpComparison, out_figs: list[list[float]], all_details: bool = Fal
     """(input rows, output rows) of one op, outputs judged by the documented rule + noise floor.
 
     The inputs' magnitudes (the floor's scale) are measured only when a leaf fails the literal
-    rule with the floor of its own magnitudes, so a clean op pays nothing for them; the max /
-    min / mean columns and the §6.2 single-benchmark columns are filled for failing ops (for
-    every op when `all_details`, i.e. debug=True): they are evidence, and they cost passes.
+    rule with the floor of its own magnitudes, so a clean op pays nothing for them; the
+    MaxRelativeErr, max / min / mean and §6.2 single-benchmark columns are filled for failing
+    leaves (for every leaf when `all_details`, i.e. debug=True): they are evidence, not part of
+    the verdict, and each costs passes over the data.
     """
     biggest = max([leaf.numel for leaf in cmp.inputs if leaf.is_float and leaf.tensor] + [1])
     in_stats: list[list[float]] | None = None
@@ -242,11 +243,10 @@ def rows(cmp: OpComparison, out_figs: list[list[float]], all_details: bool = Fal
                                                                          biggest / numel))
         row = output_row(leaf.name, leaf.dev_dtype, leaf.ref_dtype, str(leaf.shape), verdict)
         out_rows.append(row)
-        if (row.failed or all_details) and leaf.dtype_name in dm.FLOAT_DTYPE_NAMES:
+        if row.failed or all_details:
             sb_wanted.append((row, leaf))
     if sb_wanted:
-        _fill_single_benchmark(cmp, sb_wanted)
-        _fill_output_stats(cmp, sb_wanted)
+        _fill_evidence(cmp, sb_wanted)
     if any(r.failed for r in out_rows) and in_stats is None:
         measure_inputs()
     in_rows: list[Row] = []
@@ -265,33 +265,34 @@ def _mean_stats(st: list[float]) -> tuple[float, float, float]:
     return mx, mn, total / count if count else float("nan")
 
 
-def _fill_output_stats(cmp: OpComparison, wanted: list[tuple[Row, OutputLeaf]]) -> None:
-    """NPU/Bench max, min, mean of some output leaves (one host transfer)."""
-    tensors = []
-    for _, leaf in wanted:
-        tensors += list(cmp.pairs[leaf.index])
-    stats = input_statistics(tensors)
-    for i, (row, _) in enumerate(wanted):
-        row.npu_stats = _mean_stats(stats[2 * i])
-        row.bench_stats = _mean_stats(stats[2 * i + 1])
-
-
-def _fill_single_benchmark(cmp: OpComparison, wanted: list[tuple[Row, OutputLeaf]]) -> None:
-    """The §6.2 figures of some leaves (one host transfer), into their rows' extra columns."""
+def _fill_evidence(cmp: OpComparison, wanted: list[tuple[Row, OutputLeaf]]) -> None:
+    """MaxRelativeErr, NPU/Bench max/min/mean and the §6.2 single-benchmark columns of some
+    leaves, with one host transfer."""
     xp = BACKEND.namespace(None)
+    width = 2 * dm.STAT_COUNT + 1 + dm.SB_COUNT
     with torch.no_grad():
         arrays = []
         for _, leaf in wanted:
             dev, ref = cmp.pairs[leaf.index]
-            thd = single_benchmark_threshold(leaf.dtype_name)
-            arrays.append(dm.single_benchmark_figures(xp, dev.reshape(-1), ref.reshape(-1), thd.small_value))
+            dev, ref = dev.reshape(-1), ref.reshape(-1)
+            parts = [dm.masked_input_stats(xp, dev), dm.masked_input_stats(xp, ref),
+                     dm.max_relative_error(xp, dev, ref).reshape(1)]
+            if leaf.dtype_name in dm.FLOAT_DTYPE_NAMES:
+                small = single_benchmark_threshold(leaf.dtype_name).small_value
+                parts.append(dm.single_benchmark_figures(xp, dev, ref, small))
+            else:
+                parts.append(torch.full((dm.SB_COUNT,), float("nan"), dtype=torch.float64))
+            arrays.append(torch.cat([p_.to(torch.float64) for p_ in parts]))
         flat = torch.cat(arrays).tolist()
     for i, (row, leaf) in enumerate(wanted):
-        sb = flat[i * dm.SB_COUNT : (i + 1) * dm.SB_COUNT]
-        thd = single_benchmark_threshold(leaf.dtype_name)
-        verdict = finish_single_benchmark(sb, thd.rtol, thd.small_value_atol, thd.error_balance)
-        row.extra = (verdict.error_balance, verdict.abs_err, verdict.rel_err,
-                     "pass" if verdict.consistent else "fail", row.extra[4])
+        f = flat[i * width : (i + 1) * width]
+        row.npu_stats = _mean_stats(f[: dm.STAT_COUNT])
+        row.bench_stats = _mean_stats(f[dm.STAT_COUNT : 2 * dm.STAT_COUNT])
+        row.max_rel_err = f[2 * dm.STAT_COUNT]
+        if leaf.dtype_name in dm.FLOAT_DTYPE_NAMES:
+            thd = single_benchmark_threshold(leaf.dtype_name)
+            sb = finish_single_benchmark(f[2 * dm.STAT_COUNT + 1 :], thd.rtol, thd.small_value_atol, thd.error_balance)
+            row.extra = (sb.error_balance, sb.abs_err, sb.rel_err, "pass" if sb.consistent else "fail", row.extra[4])
 
 
 def _numel(shape: list[int]) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -31,6 +32,7 @@ from probes.free_benchmark.compare import StructureMismatch, compare_outputs
 from probes.free_benchmark.perturbations import Cancelled, make_perturbation
 
 log = logging.getLogger("probes.free_benchmark")
+_CALL_INDEX = re.compile(r"\.\d+$")
 
 CSV_NAME = "free_benchmark.csv"
 # Rows kept in memory for summary.json and the plugin; the CSV always gets every row, so a long
@@ -103,7 +105,7 @@ class Selection:
         """list/scope entries that can select no API of the catalog (typos)."""
         bad = []
         for e in self.api_list:
-            probe = e.split(".forward")[0].split(".backward")[0]
+            probe = _CALL_INDEX.sub("", e.split(".forward")[0].split(".backward")[0])  # softsign.1 -> softsign
             if not any(e in k + "." or e in self.suffix or probe in k + "." or k.startswith(probe) for k in keys):
                 bad.append(e)
         for s in self.scope:

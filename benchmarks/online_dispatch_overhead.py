@@ -9,7 +9,7 @@ re-run alone costs about that much, a floor under ``time x`` on a CPU-only machi
 
     python benchmarks/online_dispatch_overhead.py                 # tiny + medium, auto, 5 repeats
     python benchmarks/online_dispatch_overhead.py --quick         # 3 repeats
-    python benchmarks/online_dispatch_overhead.py --process-num 0,1 --models medium   # the worker pool
+    python benchmarks/online_dispatch_overhead.py --process-num 0,1 --models medium --reuse   # the worker pool
 
 See benchmarks/README.md for how to read the table.
 """
@@ -80,7 +80,8 @@ def _timed(fn: Any) -> float:
     return time.perf_counter() - t0
 
 
-def time_model(name: str, dump_mode: str, process_num: int, repeats: int, warmup: int, dump_root: str) -> list[dict[str, Any]]:
+def time_model(name: str, dump_mode: str, process_num: int, repeats: int, warmup: int, dump_root: str,
+               reuse: bool = False) -> list[dict[str, Any]]:
     from probes.pytorch.online_dispatch import PtdbgDispatch
 
     bench = Pass(name)
@@ -98,10 +99,16 @@ def time_model(name: str, dump_mode: str, process_num: int, repeats: int, warmup
             times["forward"][key].append(tf)
             times["backward"][key].append(tb)
 
+    shared = [PtdbgDispatch(dump_mode=dump_mode, dump_path=dump_root, process_num=process_num) for _ in range(2)]
+
     def probed(store: bool) -> None:
         holder: dict[str, Any] = {}
-        fwd = PtdbgDispatch(dump_mode=dump_mode, dump_path=dump_root, process_num=process_num)
-        bwd = PtdbgDispatch(dump_mode=dump_mode, dump_path=dump_root, process_num=process_num)
+        if reuse:  # one object per phase for the whole run (worker processes started once)
+            fwd, bwd = shared
+        else:  # a new context per pass, as `with PtdbgDispatch(...)` is usually written
+            fwd = PtdbgDispatch(dump_mode=dump_mode, dump_path=dump_root, process_num=process_num)
+            bwd = PtdbgDispatch(dump_mode=dump_mode, dump_path=dump_root, process_num=process_num)
+        before = [d.results.summary() if d.results is not None else None for d in (fwd, bwd)]
 
         def run_fwd() -> None:
             with fwd:
@@ -116,11 +123,11 @@ def time_model(name: str, dump_mode: str, process_num: int, repeats: int, warmup
         if store:
             times["forward"]["probed"].append(tf)
             times["backward"]["probed"].append(tb)
-            for d in (fwd, bwd):
+            for d, b in zip((fwd, bwd), before):
                 s = d.results.summary()
-                stats["ops"].append(s["ops_compared"])
-                stats["failed"] += s["failed_op_count"]
-                stats["errors"] += len(s["probe_errors"])
+                stats["ops"].append(s["ops_compared"] - (b["ops_compared"] if b else 0))
+                stats["failed"] += s["failed_op_count"] - (b["failed_op_count"] if b else 0)
+                stats["errors"] += len(s["probe_errors"]) - (len(b["probe_errors"]) if b else 0)
 
     for _ in range(warmup):
         plain(False)
@@ -135,7 +142,7 @@ def time_model(name: str, dump_mode: str, process_num: int, repeats: int, warmup
     for phase, t in times.items():
         p, q, f = statistics.median(t["plain"]), statistics.median(t["probed"]), statistics.median(t["f64"])
         rows.append({
-            "model": name, "phase": phase, "dump_mode": dump_mode, "process_num": process_num,
+            "model": name, "phase": phase, "dump_mode": dump_mode, "process_num": process_num, "reuse": reuse,
             "plain_ms": p * 1e3, "probed_ms": q * 1e3, "time_ratio": q / p,
             "time_ratio_min": min(t["probed"]) / min(t["plain"]), "f64_ratio": f / p,
             "plain_noise": max(t["plain"]) / min(t["plain"]),
@@ -171,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--quick", action="store_true", help="3 repeats")
+    ap.add_argument("--reuse", action="store_true",
+                    help="one PtdbgDispatch per phase for the whole run (worker start-up paid once)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", default=str(RESULTS))
     ap.add_argument("--verbose", action="store_true")
@@ -186,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for model in args.models.split(","):
             for pn in (int(v) for v in args.process_num.split(",")):
-                rows += time_model(model, args.dump_mode, pn, repeats, args.warmup, tmp)
+                rows += time_model(model, args.dump_mode, pn, repeats, args.warmup, tmp, args.reuse)
     elapsed = time.perf_counter() - t0
     load = other_cpu_load(snap, cpu_snapshot(), elapsed)
     print_table(rows)

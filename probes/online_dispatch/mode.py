@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 import traceback
+import weakref
 from typing import Any
 
 import torch
@@ -92,6 +93,7 @@ class OnlineDispatchMode(TorchDispatchMode):
                 logger.info("online_dispatch: %s, writing to %s", self.options.as_dict(), run_dir)
         if self.options.process_num > 0 and self._pool is None:
             self._pool = ComparisonPool(self.options.process_num, self._finish_job)
+            self._pool_finalizer = weakref.finalize(self, self._pool.close)
         self._depth += 1
         return super().__enter__()
 
@@ -101,14 +103,20 @@ class OnlineDispatchMode(TorchDispatchMode):
         finally:
             self._depth -= 1
             if self._depth == 0:
-                self.close()
+                self.flush()
 
     def close(self) -> None:
+        """Flush, and stop the worker processes (process_num > 0)."""
+        self.flush()
+        if self._pool is not None:
+            self._pool = None
+            self._pool_finalizer()
+
+    def flush(self) -> None:
         """Judge pending ops, flush the CSV and write summary.json (also after an exception)."""
         try:
             if self._pool is not None:
-                pool, self._pool = self._pool, None
-                pool.close()
+                self._pool.drain()
         finally:
             if self.results is not None:
                 self.results.flush()

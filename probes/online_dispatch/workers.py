@@ -8,12 +8,14 @@ to process_num = 0. Results come back in submission order and are written by the
 At most `WINDOW_PER_WORKER * process_num` ops are in flight; beyond that the parent waits, which
 bounds the memory held by pending ops (their tensors stay alive until judged, for the dumps).
 
-Workers are started with "spawn" (fork after torch has started its thread pools can deadlock) in
-__enter__, not in the constructor, and shut down in __exit__.
+Workers are started with "spawn" (fork after torch has started its thread pools can deadlock) at
+the first __enter__, not in the constructor; each __exit__ waits for the pending ops, and the
+workers stop when the PtdbgDispatch object is closed or garbage-collected (or at interpreter exit).
 """
 
 from __future__ import annotations
 
+import weakref
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -42,7 +44,9 @@ class ComparisonPool:
         ctx = tmp.get_context("spawn")
         self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
                                          initargs=(torch.get_num_threads(),))
-        self._finish = finish
+        # a weak reference: the pool must not keep its PtdbgDispatch alive (the finalizer that
+        # stops the workers runs when that object is collected)
+        self._finish = weakref.WeakMethod(finish) if hasattr(finish, "__self__") else (lambda: finish)
         self._pending: deque[tuple[Future, Any]] = deque()
         self._window = WINDOW_PER_WORKER * workers
 
@@ -58,13 +62,19 @@ class ComparisonPool:
                 result: list | BaseException = future.result()
             except Exception as exc:  # a worker failure becomes the op's Err_message
                 result = exc
-            self._finish(job, result)
+            finish = self._finish()
+            if finish is not None:
+                finish(job, result)
             block = len(self._pending) > self._window
+
+    def drain(self) -> None:
+        """Judge every pending op (the workers keep running for the next context)."""
+        while self._pending:
+            self._drain(block=True)
 
     def close(self) -> None:
         """Judge every pending op, then stop the workers."""
         try:
-            while self._pending:
-                self._drain(block=True)
+            self.drain()
         finally:
             self._pool.shutdown(wait=True)

@@ -205,50 +205,48 @@ def input_statistics(stat_tensors: list[torch.Tensor]) -> list[list[float]]:
 def rows(cmp: OpComparison, out_figs: list[list[float]], all_details: bool = False) -> tuple[list[Row], list[Row]]:
     """(input rows, output rows) of one op, outputs judged by the documented rule + noise floor.
 
-    The inputs' magnitudes (the floor's scale) are measured only when a leaf fails the literal
-    rule with the floor of its own magnitudes, so a clean op pays nothing for them; the
-    MaxRelativeErr, max / min / mean and §6.2 single-benchmark columns are filled for failing
-    leaves (for every leaf when `all_details`, i.e. debug=True): they are evidence, not part of
-    the verdict, and each costs passes over the data.
+    A leaf is first judged by the literal rule; only a leaf that fails it needs the noise floor,
+    so only then are the magnitudes measured (its own two sides and the op's inputs: the floor's
+    scale). The same evidence pass fills MaxRelativeErr, max / min / mean and the §6.2
+    single-benchmark columns of those leaves (of every leaf when `all_details`, i.e. debug=True)
+    and the statistics of the input rows: a clean op pays for none of it.
     """
     biggest = max([leaf.numel for leaf in cmp.inputs if leaf.is_float and leaf.tensor] + [1])
+    judged: list[tuple[OutputLeaf, Any]] = []
+    for leaf in cmp.outputs:
+        if leaf.special is None:
+            f = out_figs[leaf.index]
+            judged.append((leaf, dm.judge(f, max(1, _numel(leaf.shape)), leaf.dtype_name, 0.0)))
+    suspects = [(leaf, v) for leaf, v in judged if v.failed or all_details]
     in_stats: list[list[float]] | None = None
-    in_scale = 0.0
-
-    def measure_inputs() -> None:
-        nonlocal in_stats, in_scale
+    evidence: dict[int, list[float]] = {}
+    if suspects:
         in_stats = input_statistics(cmp.stat_tensors)
-        for leaf in cmp.inputs:
-            if leaf.is_float and leaf.index >= 0:
-                in_scale = max(in_scale, dm.finite_abs_max(in_stats[leaf.index][0], in_stats[leaf.index][1]))
-            elif leaf.is_float and not leaf.tensor:
-                in_scale = max(in_scale, abs(leaf.value))
-
-    if all_details:
-        measure_inputs()
+        evidence = _evidence(cmp, [leaf for leaf, _ in suspects])
+    in_scale = 0.0
+    for leaf in cmp.inputs:
+        if leaf.is_float and leaf.index >= 0 and in_stats is not None:
+            in_scale = max(in_scale, dm.finite_abs_max(in_stats[leaf.index][0], in_stats[leaf.index][1]))
+        elif leaf.is_float and not leaf.tensor:
+            in_scale = max(in_scale, abs(leaf.value))
+    verdicts = {id(leaf): v for leaf, v in judged}
     out_rows: list[Row] = []
-    sb_wanted: list[tuple[Row, OutputLeaf]] = []
     for leaf in cmp.outputs:
         if leaf.special is not None:
             out_rows.append(leaf.special)
             continue
-        f = out_figs[leaf.index]
-        numel = max(1, _numel(leaf.shape))
-        out_scale = dm.leaf_scale(f)
-        verdict = dm.judge(f, numel, leaf.dtype_name, dm.noise_floor(leaf.dtype_name, max(out_scale, in_scale),
-                                                                     biggest / numel))
-        if verdict.failed and in_stats is None:
-            measure_inputs()
-            verdict = dm.judge(f, numel, leaf.dtype_name, dm.noise_floor(leaf.dtype_name, max(out_scale, in_scale),
-                                                                         biggest / numel))
+        verdict = verdicts[id(leaf)]
+        ev = evidence.get(leaf.index)
+        if ev is not None:
+            numel = max(1, _numel(leaf.shape))
+            scale = max(in_scale, dm.finite_abs_max(ev[0], ev[1]),
+                        dm.finite_abs_max(ev[dm.STAT_COUNT], ev[dm.STAT_COUNT + 1]))
+            floor = dm.noise_floor(leaf.dtype_name, scale, biggest / numel)
+            verdict = dm.judge(out_figs[leaf.index], numel, leaf.dtype_name, floor)
         row = output_row(leaf.name, leaf.dev_dtype, leaf.ref_dtype, str(leaf.shape), verdict)
+        if ev is not None:
+            _fill_row(row, leaf, ev, verdict.floor)
         out_rows.append(row)
-        if row.failed or all_details:
-            sb_wanted.append((row, leaf))
-    if sb_wanted:
-        _fill_evidence(cmp, sb_wanted)
-    if any(r.failed for r in out_rows) and in_stats is None:
-        measure_inputs()
     in_rows: list[Row] = []
     for leaf in cmp.inputs:
         stats: tuple[Any, Any, Any] = ("", "", "")
@@ -265,14 +263,15 @@ def _mean_stats(st: list[float]) -> tuple[float, float, float]:
     return mx, mn, total / count if count else float("nan")
 
 
-def _fill_evidence(cmp: OpComparison, wanted: list[tuple[Row, OutputLeaf]]) -> None:
-    """MaxRelativeErr, NPU/Bench max/min/mean and the §6.2 single-benchmark columns of some
-    leaves, with one host transfer."""
+_EVIDENCE_WIDTH = 2 * dm.STAT_COUNT + 1 + dm.SB_COUNT
+
+
+def _evidence(cmp: OpComparison, leaves: list[OutputLeaf]) -> dict[int, list[float]]:
+    """Per leaf: device stats, reference stats, MaxRelativeErr, §6.2 figures; one host transfer."""
     xp = BACKEND.namespace(None)
-    width = 2 * dm.STAT_COUNT + 1 + dm.SB_COUNT
     with torch.no_grad():
         arrays = []
-        for _, leaf in wanted:
+        for leaf in leaves:
             dev, ref = cmp.pairs[leaf.index]
             dev, ref = dev.reshape(-1), ref.reshape(-1)
             parts = [dm.masked_input_stats(xp, dev), dm.masked_input_stats(xp, ref),
@@ -284,15 +283,19 @@ def _fill_evidence(cmp: OpComparison, wanted: list[tuple[Row, OutputLeaf]]) -> N
                 parts.append(torch.full((dm.SB_COUNT,), float("nan"), dtype=torch.float64))
             arrays.append(torch.cat([p_.to(torch.float64) for p_ in parts]))
         flat = torch.cat(arrays).tolist()
-    for i, (row, leaf) in enumerate(wanted):
-        f = flat[i * width : (i + 1) * width]
-        row.npu_stats = _mean_stats(f[: dm.STAT_COUNT])
-        row.bench_stats = _mean_stats(f[dm.STAT_COUNT : 2 * dm.STAT_COUNT])
-        row.max_rel_err = f[2 * dm.STAT_COUNT]
-        if leaf.dtype_name in dm.FLOAT_DTYPE_NAMES:
-            thd = single_benchmark_threshold(leaf.dtype_name)
-            sb = finish_single_benchmark(f[2 * dm.STAT_COUNT + 1 :], thd.rtol, thd.small_value_atol, thd.error_balance)
-            row.extra = (sb.error_balance, sb.abs_err, sb.rel_err, "pass" if sb.consistent else "fail", row.extra[4])
+    return {leaf.index: flat[i * _EVIDENCE_WIDTH : (i + 1) * _EVIDENCE_WIDTH] for i, leaf in enumerate(leaves)}
+
+
+def _fill_row(row: Row, leaf: OutputLeaf, ev: list[float], floor: float) -> None:
+    row.npu_stats = _mean_stats(ev[: dm.STAT_COUNT])
+    row.bench_stats = _mean_stats(ev[dm.STAT_COUNT : 2 * dm.STAT_COUNT])
+    row.max_rel_err = ev[2 * dm.STAT_COUNT]
+    if leaf.dtype_name in dm.FLOAT_DTYPE_NAMES:
+        thd = single_benchmark_threshold(leaf.dtype_name)
+        sb = finish_single_benchmark(ev[2 * dm.STAT_COUNT + 1 :], thd.rtol, thd.small_value_atol, thd.error_balance)
+        row.extra = (sb.error_balance, sb.abs_err, sb.rel_err, "pass" if sb.consistent else "fail", floor)
+    else:
+        row.extra = ("", "", "", "", floor)
 
 
 def _numel(shape: list[int]) -> int:

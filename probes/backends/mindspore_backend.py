@@ -22,6 +22,7 @@ MindSpore path.
 from __future__ import annotations
 
 import types
+import weakref
 from contextlib import nullcontext
 from typing import Any
 
@@ -96,6 +97,87 @@ HOST_ARRAYS = HostArrays()
 def _from_host(a: Any) -> Any:
     """A MindSpore tensor holding the NumPy array `a`, which only the probe holds: shared, not copied."""
     return ms.from_numpy(np.ascontiguousarray(a))
+
+
+class _LazyState:
+    """A snapshot of the default generator, taken when its state is first about to change."""
+
+    __slots__ = ("state", "__weakref__")
+
+    def __init__(self) -> None:
+        self.state: Any = None
+
+
+class _GeneratorWatch:
+    """Snapshots of MindSpore's default generator that cost nothing when nothing draws from it.
+
+    ``mindspore.get_rng_state()`` waits for every queued operator (a synchronisation, several ms
+    on a busy CPU), and free_benchmark takes two snapshots and two restores per checked call,
+    although no checked API draws random numbers (random APIs are never re-run). Everything that
+    changes the default generator's state goes through four of its methods (``_step``, called by
+    every random operator when it is dispatched, ``set_state``, ``manual_seed``, ``seed``). While
+    a snapshot is pending, those methods are shadowed on the generator instance by wrappers that
+    read the state before the first change; a restore sets that state back, or does nothing when
+    the state never changed. The wrappers are removed as soon as no snapshot is pending (restored,
+    or dropped on an exception path)."""
+
+    MUTATORS = ("_step", "set_state", "manual_seed", "seed")
+
+    def __init__(self, generator: Any) -> None:
+        self.generator = generator
+        self.pending: weakref.WeakSet[_LazyState] = weakref.WeakSet()
+        self.installed = False
+
+    @classmethod
+    def of_default_generator(cls) -> _GeneratorWatch | None:
+        """None when this MindSpore's generator does not look as described (then snapshots are eager)."""
+        try:
+            from mindspore.common import generator as gen_module
+
+            gen = gen_module.default_generator
+        except Exception:  # pragma: no cover - MindSpore without a default generator
+            return None
+        if not all(callable(getattr(type(gen), m, None)) for m in (*cls.MUTATORS, "get_state")):
+            return None
+        if not hasattr(gen, "__dict__") or getattr(ms, "get_rng_state", None) is None:
+            return None
+        return cls(gen)
+
+    def arm(self) -> _LazyState:
+        token = _LazyState()
+        self.pending.add(token)
+        weakref.finalize(token, self._release)
+        if not self.installed:
+            for name in self.MUTATORS:
+                setattr(self.generator, name, self._wrapper(getattr(self.generator, name)))
+            self.installed = True
+        return token
+
+    def restore(self, token: _LazyState) -> None:
+        self.pending.discard(token)
+        if token.state is not None:
+            self.generator.set_state(token.state)  # through the wrapper: later snapshots see the change
+        self._release()
+
+    def _release(self) -> None:
+        if self.installed and not any(True for _ in self.pending):
+            for name in self.MUTATORS:
+                self.generator.__dict__.pop(name, None)
+            self.installed = False
+
+    def _wrapper(self, method: Any) -> Any:
+        def before_change(*args: Any, **kwargs: Any) -> Any:
+            waiting = [t for t in self.pending if t.state is None]
+            if waiting:
+                state = type(self.generator).get_state(self.generator)
+                for t in waiting:
+                    t.state = state
+            return method(*args, **kwargs)
+
+        return before_change
+
+
+_WATCH = _GeneratorWatch.of_default_generator()
 
 
 class MindSporeBackend(BackendDefaults):
@@ -209,13 +291,18 @@ class MindSporeBackend(BackendDefaults):
         return no_grad() if no_grad is not None else nullcontext()
 
     def rng_snapshot(self, args: Any) -> Any:
+        """The default generator's state, read only if something changes it (see _GeneratorWatch)."""
+        if _WATCH is not None:
+            return _WATCH.arm()
         try:
             return ms.get_rng_state()
         except Exception:  # older MindSpore: no global generator state
             return None
 
     def rng_restore(self, snapshot: Any) -> None:
-        if snapshot is not None:
+        if isinstance(snapshot, _LazyState):
+            _WATCH.restore(snapshot)
+        elif snapshot is not None:
             ms.set_rng_state(snapshot)
 
     def rank(self) -> int:

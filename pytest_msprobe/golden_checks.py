@@ -58,7 +58,7 @@ def check_marked_test(item: pytest.Item, mark: pytest.Mark, options: Any, suite:
         elif task == "grad_probe":
             targets.append(("suite", "grad", dump))
         else:
-            targets.append(("suite", "ops", outcome.get("failing_ops", [])))
+            targets.append(("suite", "ops", outcome["failing_ops"]))
     for tool, runs in fixture_runs:
         for k, run in enumerate(runs):
             targets.append((f"{tool}{k}", "run", run))

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 TASKS = ("free_benchmark", "grad_probe", "online_dispatch")
-AVAILABLE_TASKS = ("free_benchmark", "grad_probe")
+AVAILABLE_TASKS = TASKS
 FAIL_ON = ("risk", "never")
 DEVICES = ("auto", "npu", "cuda", "cpu")
 # fixtures that run a probe themselves: a test using one is not also run under the session's probe
@@ -289,11 +289,14 @@ def _tool_factory(request: pytest.FixtureRequest, tool: str) -> Any:
     def make(*, framework: str | None = None, **overrides: Any) -> Any:
         """A run of the tool around a `with` block; keyword arguments override config keys."""
         dump = test_dump_path(options.root, item.nodeid) / f"{tool}{len(made)}"
-        cfg = options.probe_config(tool, dump, overrides)
         fw = framework or _framework_of(item) or "pytorch"
         if fw not in ("pytorch", "mindspore"):
             raise ValueError(f"framework={fw!r}; allowed: pytorch, mindspore")
-        run = RUNS[tool](fw, cfg, f"{item.nodeid} [{tool}{len(made)}]")
+        label = f"{item.nodeid} [{tool}{len(made)}]"
+        if tool == "online_dispatch":  # keyword arguments are PtdbgDispatch's
+            run = RUNS[tool](fw, options.probe_config(tool, dump), label, overrides)
+        else:
+            run = RUNS[tool](fw, options.probe_config(tool, dump, overrides), label)
         made.append(run)
         return run
 
@@ -319,6 +322,12 @@ def msprobe_golden(request: pytest.FixtureRequest) -> Any:
 def free_benchmark(request: pytest.FixtureRequest) -> Any:
     """`with free_benchmark(pert_mode="bit_noise", list=["softmax"]) as fb: ...; fb.assert_clean()`"""
     return _tool_factory(request, "free_benchmark")
+
+
+@pytest.fixture
+def online_dispatch(request: pytest.FixtureRequest) -> Any:
+    """`with online_dispatch(dump_mode="auto") as od: model(x)`; `od.assert_clean()`"""
+    return _tool_factory(request, "online_dispatch")
 
 
 @pytest.fixture
@@ -372,7 +381,7 @@ def _write_session_files(state: MsprobeSession) -> None:
         "device": state.config.stash[_OPTIONS_KEY].device,
         "config": state.probe_config.to_dict(),
         "tests": tests,
-        "apis" if state.task.name == "free_benchmark" else "params": table,
+        {"free_benchmark": "apis", "grad_probe": "params", "online_dispatch": "ops"}[state.task.name]: table,
     }
     write_json_atomic(state.root / "summary.json", summary)
     try:

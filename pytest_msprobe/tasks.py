@@ -113,4 +113,75 @@ class GradProbeTask:
         return grad_report.table_lines(table, results)
 
 
-TASKS: dict[str, Any] = {"free_benchmark": FreeBenchmarkTask, "grad_probe": GradProbeTask}
+class OnlineDispatchTask:
+    name = "online_dispatch"
+    table_title = "ops that disagree with the CPU reference"
+
+    def start(self, framework: str, config: Any) -> Any:
+        from pytest_msprobe.tool_runs import OnlineDispatchRun
+
+        if framework != "pytorch":
+            return None  # aten ops are PyTorch's: a MindSpore test runs unprobed
+        return OnlineDispatchRun(framework, config, "").__enter__()
+
+    def finish(self, run: Any) -> dict[str, Any]:
+        from pytest_msprobe.tool_runs import failing_ops
+
+        if run is None:
+            return {"ops_compared": 0, "failing_ops": [], "failed_total": 0, "errors": [], "csv_path": None,
+                    "summary": {}}
+        run.__exit__(None, None, None)
+        ops = failing_ops(run.summary)
+        return {"ops_compared": run.summary.get("ops_compared", 0), "failing_ops": ops[:50], "failed_total": len(ops),
+                "errors": sorted(run.summary.get("probe_errors", {})), "csv_path": run.summary.get("csv_path"),
+                "summary": {k: run.summary[k] for k in ("ops_compared", "failed_ops", "csv_path") if k in run.summary}}
+
+    def flagged(self, result: dict[str, Any]) -> list[str]:
+        return sorted({f["op"] for f in result["failing_ops"]})
+
+    def failure(self, nodeid: str, result: dict[str, Any]) -> str | None:
+        from pytest_msprobe.tool_runs import dispatch_failure_message
+
+        return dispatch_failure_message(nodeid, result["summary"]) if result["failing_ops"] else None
+
+    def properties(self, result: dict[str, Any]) -> list[tuple[str, Any]]:
+        props: list[tuple[str, Any]] = [("msprobe_ops_compared", result["ops_compared"])]
+        if result["failing_ops"]:
+            worst = min(result["failing_ops"], key=lambda f: f["cosine"] if f["cosine"] == f["cosine"] else -2.0)
+            props += [("msprobe_failing_ops", ",".join(self.flagged(result))), ("msprobe_worst_op", worst["op"]),
+                      ("msprobe_worst_cosine", worst["cosine"]), ("msprobe_worst_max_abs_err", worst["max_abs_err"])]
+        return props
+
+    def test_entry(self, result: dict[str, Any]) -> dict[str, Any]:
+        return {"failing_ops": self.flagged(result), "csv_files": [result["csv_path"]] if result["csv_path"] else [],
+                "errors": result["errors"]}
+
+    def table(self, results: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+        table: dict[str, dict[str, Any]] = {}
+        for nodeid, r in results:
+            for f in r["failing_ops"]:
+                t = table.setdefault(f["op"], {"failed": 0, "worst_cosine": None, "worst_max_abs_err": 0.0,
+                                               "tests": []})
+                t["failed"] += 1
+                if t["worst_cosine"] is None or f["cosine"] < t["worst_cosine"]:
+                    t["worst_cosine"] = f["cosine"]
+                t["worst_max_abs_err"] = max(t["worst_max_abs_err"], f["max_abs_err"])
+                if nodeid not in t["tests"]:
+                    t["tests"].append(nodeid)
+        return table
+
+    def table_lines(self, table: dict[str, Any], results: list[tuple[str, dict[str, Any]]]) -> list[str]:
+        compared = sum(r["ops_compared"] for _, r in results)
+        if not table:
+            return [f"no failing op: {compared} op calls compared with the CPU reference in {len(results)} test(s)"]
+        header = ("op", "failing calls", "worst Cosine", "worst MaxAbsErr", "tests affected")
+        rows = [(op, str(t["failed"]), f"{t['worst_cosine']:.6g}", f"{t['worst_max_abs_err']:.6g}", str(len(t["tests"])))
+                for op, t in sorted(table.items(), key=lambda kv: (kv[1]["worst_cosine"], kv[0]))]
+        widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
+        fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+        return ([fmt.format(*header), fmt.format(*("-" * w for w in widths))] + [fmt.format(*r) for r in rows]
+                + [f"{compared} op calls compared in {len(results)} test(s)"])
+
+
+TASKS: dict[str, Any] = {"free_benchmark": FreeBenchmarkTask, "grad_probe": GradProbeTask,
+                         "online_dispatch": OnlineDispatchTask}

@@ -136,4 +136,103 @@ class GradProbeRun(ToolRun):
                                      out=self.dump_path.parent / f"{self.dump_path.name}_vs_{other_path.name}")
 
 
-RUNS: dict[str, type[ToolRun]] = {"free_benchmark": FreeBenchmarkRun, "grad_probe": GradProbeRun}
+def dispatch_arguments(config: Any, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """PtdbgDispatch's arguments from the config's "online_dispatch" section (dump_mode, api_list,
+    process_num, debug, tag) and overrides; dump_mode defaults to "auto" (failing ops dumped)."""
+    section = dict(config.extra_sections.get("online_dispatch", {}))
+    section.update(overrides or {})
+    allowed = ("dump_mode", "api_list", "process_num", "debug", "tag")
+    unknown = sorted(set(section) - set(allowed))
+    if unknown:
+        from probes.core.errors import ConfigError
+
+        raise ConfigError(f"online_dispatch.{unknown[0]}", section[unknown[0]], f"one of {', '.join(allowed)}")
+    section.setdefault("dump_mode", "auto")
+    return dict(section, dump_path=str(config.dump_path))
+
+
+class OnlineDispatchRun(ToolRun):
+    """`with online_dispatch(dump_mode="auto") as od: model(x)`; then `od.failing_ops` and
+    `od.assert_clean()`. Every aten op in the block is compared with the CPU (float64 on a CPU run)."""
+
+    tool = "online_dispatch"
+
+    def __init__(self, framework: str, config: Any, label: str, overrides: dict[str, Any] | None = None) -> None:
+        super().__init__(framework, config, label)
+        if framework != "pytorch":
+            raise ValueError("online_dispatch checks PyTorch aten ops; this test uses MindSpore")
+        from probes.pytorch.online_dispatch import PtdbgDispatch
+
+        self._handle = PtdbgDispatch(**dispatch_arguments(config, overrides))
+
+    def _start(self) -> None:
+        self._handle.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        if not self._closed:
+            self._closed = True
+            self._handle.__exit__(*exc)
+            self._finish()
+
+    def _finish(self) -> None:
+        if self._handle.results is None:  # never entered
+            return
+        self._handle.close()
+        self.summary = self._handle.results.summary()
+        self.summary["csv_path"] = str(self._handle.results.csv_path)
+
+    @property
+    def failing_ops(self) -> list[dict[str, Any]]:
+        """One entry per failing op call: {"op", "name", "cosine", "max_abs_err"} (worst leaf)."""
+        return failing_ops(self.summary)
+
+    def assert_clean(self) -> None:
+        if not self.summary:
+            raise RuntimeError("assert_clean() reads the results of a finished run: call it after the `with` block")
+        if self.failing_ops:
+            raise AssertionError(dispatch_failure_message(self.label, self.summary))
+
+
+def failing_ops(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for f in summary.get("failed_ops", []):
+        leaves = f.get("leaves") or [{}]
+        worst = min(leaves, key=lambda leaf: _number(leaf.get("cosine"), 1.0))
+        out.append({"op": f["op"], "name": f["name"], "cosine": _number(worst.get("cosine"), float("nan")),
+                    "max_abs_err": max(_number(leaf.get("max_abs_err"), 0.0) for leaf in leaves)})
+    return out
+
+
+def _number(v: Any, default: float) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return default
+
+
+def dispatch_failure_message(label: str, summary: dict[str, Any], limit: int = 10) -> str:
+    from probes.core.dispatch_metrics import (
+        COS_MAX_THRESHOLD,
+        COS_THRESHOLD,
+        MAX_ABS_ERR_MAX_THRESHOLD,
+        MAX_ABS_ERR_THRESHOLD,
+    )
+
+    ops = failing_ops(summary)
+    lines = [f"online_dispatch found {len(ops)} failing op call(s) in {label} "
+             f"(of {summary.get('ops_compared', '?')} compared against the CPU reference):"]
+    for f in ops[:limit]:
+        lines.append(f"  {f['name']} ({f['op']}): Cosine {f['cosine']:.6g}, MaxAbsErr {f['max_abs_err']:.6g}")
+    if len(ops) > limit:
+        lines.append(f"  ... and {len(ops) - limit} more")
+    lines.append(f"rule: fail when Cosine < {COS_THRESHOLD} and MaxAbsErr > {MAX_ABS_ERR_THRESHOLD}, or Cosine < "
+                 f"{COS_MAX_THRESHOLD}, or MaxAbsErr > {MAX_ABS_ERR_MAX_THRESHOLD} (noise-level differences pass)")
+    if summary.get("csv_path"):
+        lines.append(f"evidence: {summary['csv_path']} (inputs and outputs of failing ops dumped beside it)")
+    lines.append("next: rerun the op alone with PtdbgDispatch(dump_mode='list', api_list=[...]) and compare the "
+                 "dumped .npy files; use --msprobe-fail-on=never to report without failing.")
+    return "\n".join(lines)
+
+
+RUNS: dict[str, type[ToolRun]] = {"free_benchmark": FreeBenchmarkRun, "grad_probe": GradProbeRun,
+                                  "online_dispatch": OnlineDispatchRun}

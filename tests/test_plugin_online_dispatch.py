@@ -1,0 +1,60 @@
+"""`pytest --msprobe-task=online_dispatch` and the online_dispatch fixture: every aten op of a test
+is compared with the CPU reference (float64 here); a seeded kernel defect fails the right test."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+SUITE = '''
+import torch
+import seeded_dispatch
+
+def test_clean_mlp():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 2))
+    model(torch.randn(4, 8)).sum().backward()
+
+def test_defective_kernel():
+    x = torch.linspace(-1, 1, 16)
+    torch.ops.seeded_dispatch.scaled_tanh(x)
+
+def test_fixture(online_dispatch):
+    with online_dispatch() as clean:
+        torch.nn.functional.softmax(torch.linspace(-2, 2, 32).reshape(4, 8), dim=-1)
+    clean.assert_clean()
+    with online_dispatch(dump_mode="all") as bad:
+        torch.ops.seeded_dispatch.scaled_tanh(torch.linspace(-1, 1, 8))
+    assert [f["op"] for f in bad.failing_ops] == ["seeded_dispatch.scaled_tanh.default"]
+    bad.assert_clean()
+'''
+
+
+@pytest.fixture
+def suite(pytester):
+    pytester.makepyfile(test_od_suite=SUITE,
+                        seeded_dispatch=(Path(__file__).parent / "seeded_dispatch.py").read_text())
+    pytester.syspathinsert()
+    return pytester
+
+
+def test_whole_suite_and_fixture(suite):
+    dump = suite.path / "out"
+    result = suite.runpytest_subprocess("-p", "no:cacheprovider", "--msprobe-task=online_dispatch",
+                                        f"--msprobe-dump-path={dump}")
+    result.assert_outcomes(passed=1, failed=2)
+    result.stdout.fnmatch_lines([
+        "*online_dispatch found 1 failing op call(s) in test_od_suite.py::test_defective_kernel*",
+        "*seeded_dispatch.scaled_tanh.default*Cosine*MaxAbsErr*",
+        "*evidence: *compare_result_rank0_*.csv*",
+        "*msprobe online_dispatch: ops that disagree with the CPU reference*",
+        "seeded_dispatch.scaled_tanh.default *1 *",
+    ])
+    out = result.stdout.str()
+    assert "online_dispatch found 1 failing op call(s) in test_od_suite.py::test_fixture [online_dispatch1]" in out
+    summary = json.loads((dump / "summary.json").read_text())
+    assert summary["tool"] == "online_dispatch"
+    assert list(summary["ops"]) == ["seeded_dispatch.scaled_tanh.default"]
+    assert summary["tests"]["test_od_suite.py::test_clean_mlp"]["failing_ops"] == []

@@ -80,8 +80,22 @@ class MsprobeOptions:
             raise pytest.UsageError(f"--msprobe-fail-on={self.fail_on!r}; allowed: {', '.join(FAIL_ON)}")
         if self.device_choice not in DEVICES:
             raise pytest.UsageError(f"--msprobe-device={self.device_choice!r}; allowed: {', '.join(DEVICES)}")
+        if self.task is not None and self.cfg_file is not None:
+            self._check_config_task()
         if self.device_choice in ("cuda", "npu"):  # asked for explicitly: it must be there
             self.device  # noqa: B018 - resolve now, so a missing device stops the run before any test
+
+    def _check_config_task(self) -> None:
+        """A config written for another task does not fit: say so before any test runs."""
+        try:
+            raw = json.loads(Path(self.cfg_file).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return  # load_config reports unreadable files with the key and the reason
+        file_task = raw.get("task") if isinstance(raw, dict) else None
+        if file_task is not None and file_task != self.task:
+            raise pytest.UsageError(
+                f"--msprobe-config {self.cfg_file} is a {file_task!r} config (its \"task\" key) but "
+                f"--msprobe-task={self.task}; allowed: a config whose task is {self.task!r} or has no task key")
 
     @property
     def device(self) -> str:

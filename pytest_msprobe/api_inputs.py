@@ -14,7 +14,6 @@ checks each mark by calling the API. torch is imported when a strategy is drawn,
 from __future__ import annotations
 
 import difflib
-import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Mapping, Tuple
 
@@ -207,8 +206,11 @@ def api_spec(api: str) -> ApiSpec:
         if len(rows) == 1:
             return next(iter(rows.values()))
     close = difflib.get_close_matches(name, known_apis(), n=5, cutoff=0.6)
-    bare = name.rsplit(".", 1)[-1]
-    close += [n for n in known_apis() if n.rsplit(".", 1)[-1] == bare and n not in close]
+    by_bare: dict[str, list[str]] = {}
+    for known in known_apis():
+        by_bare.setdefault(known.rsplit(".", 1)[-1], []).append(known)
+    for bare in difflib.get_close_matches(name.rsplit(".", 1)[-1], list(by_bare), n=3, cutoff=0.6):
+        close += [n for n in by_bare[bare] if n not in close]
     hint = (f"close known APIs: {', '.join(close[:6])}. " if close else "") + (
         f"For an API outside the table pass form= (one of {', '.join(sorted(FORMS))}) and kwargs= "
         "to api_inputs, or give the test an explicit strategy of (args, kwargs) built with "
@@ -257,7 +259,7 @@ class _Inputs:
         return shape
 
     def side(self, lo: int = 1, hi: int = 6) -> int:
-        return self.draw(_integers(lo, hi))
+        return self.draw(S.integers(lo, hi))
 
     def _array(self, dtype: str, shape: Tuple[int, ...], lo: Any = None, hi: Any = None) -> Any:
         a = S.array_spec(dtype, min_value=lo, max_value=hi).draw(self.draw, shape)
@@ -280,21 +282,14 @@ class _Inputs:
     def mask(self, shape: Tuple[int, ...]) -> Any:
         return self._array("bool", shape)
 
-    def broadcastable(self, shape: Tuple[int, ...]) -> Tuple[int, ...]:
-        return self.draw(S.broadcastable_shapes(shape))
+    def broadcastable(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        return S.draw_broadcastable(self.draw, shape)
 
     def dim(self, ndim: int) -> int:
-        return self.draw(st.integers(-max(ndim, 1), max(ndim, 1) - 1))
+        return self.draw(S.integers(-max(ndim, 1), max(ndim, 1) - 1))
 
 
 _BOOLEANS = st.booleans()
-
-
-@functools.lru_cache(maxsize=256)
-def _integers(lo: int, hi: int) -> st.SearchStrategy[int]:
-    return st.integers(lo, hi)
-
-
 Form = Callable[[_Inputs, Dict[str, Any]], Tuple[tuple, Dict[str, Any]]]
 
 
@@ -310,9 +305,9 @@ def _unary_dim(i: _Inputs, kw: Dict[str, Any]) -> Tuple[tuple, Dict[str, Any]]:
 
 def _reduce(i: _Inputs, kw: Dict[str, Any]) -> Tuple[tuple, Dict[str, Any]]:
     shape = i.primary_shape()
-    if "dim" not in kw and i.draw(st.booleans()):
+    if "dim" not in kw and i.draw(_BOOLEANS):
         kw["dim"] = i.dim(len(shape))
-        kw.setdefault("keepdim", i.draw(st.booleans()))
+        kw.setdefault("keepdim", i.draw(_BOOLEANS))
     return (i.tensor(shape),), kw
 
 
@@ -342,16 +337,10 @@ def _class_target(i: _Inputs, kw: Dict[str, Any]) -> Tuple[tuple, Dict[str, Any]
     return (i.tensor(shape), i.indices(target_shape, shape[1])), kw
 
 
-def _matmul(i: _Inputs, kw: Dict[str, Any]) -> Tuple[tuple, Dict[str, Any]]:
+def _matmul(i: _Inputs, kw: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
     a_shape = i.primary_shape()
-    k = a_shape[-1]
     lo, hi = i.row.rank
-    if lo == hi == 2:  # mm: (n, k) @ (k, m)
-        b_shape: Tuple[int, ...] = (k, i.side())
-    else:
-        batch = a_shape[:-2]
-        choice = i.draw(st.sampled_from(["vector", "matrix", "batched"] if batch else ["vector", "matrix"]))
-        b_shape = {"vector": (k,), "matrix": (k, i.side()), "batched": batch + (k, i.side())}[choice]
+    b_shape = (a_shape[-1], i.side()) if lo == hi == 2 else S.draw_matmul_rhs(i.draw, a_shape)  # mm: matrices
     return (i.tensor(a_shape), i.tensor(b_shape)), kw
 
 
@@ -455,7 +444,7 @@ def _cat(i: _Inputs, kw: Dict[str, Any]) -> Tuple[tuple, Dict[str, Any]]:
 
 def _stack(i: _Inputs, kw: Dict[str, Any]) -> Tuple[tuple, Dict[str, Any]]:
     shape = i.primary_shape()
-    kw.setdefault("dim", i.draw(st.integers(-len(shape) - 1, len(shape))))
+    kw.setdefault("dim", i.draw(S.integers(-len(shape) - 1, len(shape))))
     return ([i.tensor(shape) for _ in range(i.side(2, 3))],), kw
 
 

@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from probes.core.errors import ConfigError
+from probes.core.thresholds import FLOAT_DTYPES, SMALLEST_NORMAL
 
 __all__ = [
     "FLOAT_DTYPES",
@@ -36,6 +37,7 @@ __all__ = [
     "arrays",
     "shapes",
     "broadcastable_shapes",
+    "matmul_shapes",
     "api_inputs",
     "dtype_name",
     "array_spec",
@@ -45,7 +47,6 @@ __all__ = [
 Shape = Tuple[int, ...]
 ShapeArg = Union[int, Shape, st.SearchStrategy, None]
 
-FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8")
 DTYPES = FLOAT_DTYPES + INT_DTYPES + ("bool",)
 FRAMEWORKS = ("torch", "mindspore")
@@ -62,6 +63,7 @@ _BF16_KEEP = np.uint32(0xFFFF0000)
 _BF16_QNAN = np.uint32(0x7FC00000)
 
 
+@functools.lru_cache(maxsize=256)
 def shapes(min_dims: int = 1, max_dims: int = 3, min_side: int = 1, max_side: int = 16) -> st.SearchStrategy[Shape]:
     """Small array shapes; they shrink towards fewer dimensions and sides of `min_side`."""
     if min_dims < 0 or max_dims < min_dims:
@@ -71,14 +73,52 @@ def shapes(min_dims: int = 1, max_dims: int = 3, min_side: int = 1, max_side: in
     return hnp.array_shapes(min_dims=min_dims, max_dims=max_dims, min_side=min_side, max_side=max_side)
 
 
-def broadcastable_shapes(shape: Shape, min_dims: int = 0, max_side: int | None = None) -> st.SearchStrategy[Shape]:
+_BOOLEANS = st.booleans()
+
+
+@functools.lru_cache(maxsize=256)
+def integers(lo: int, hi: int) -> st.SearchStrategy[int]:
+    """st.integers(lo, hi), cached: strategies drawn inside composites every example are built
+    and validated once."""
+    return st.integers(lo, hi)
+
+
+def draw_broadcastable(draw: Callable[[st.SearchStrategy], Any], shape: Shape) -> Shape:
+    """Inside a composite: a shape that broadcasts to `shape` (leading dims dropped, some sides
+    set to 1). Shrinks to `shape` itself."""
+    dropped = draw(integers(0, len(shape)))
+    return tuple(1 if draw(_BOOLEANS) else s for s in shape[dropped:])
+
+
+def broadcastable_shapes(shape: Shape) -> st.SearchStrategy[Shape]:
     """Shapes that broadcast against `shape` without changing it (the result shape is `shape`):
     the second operand of a binary API, a bias, a mask."""
-    side = max(shape) if shape else 1
-    return hnp.broadcastable_shapes(
-        tuple(shape), min_dims=min(min_dims, len(shape)), max_dims=len(shape),
-        min_side=1, max_side=max(side, max_side or 1),
-    ).filter(lambda s: np.broadcast_shapes(s, tuple(shape)) == tuple(shape))
+    base = tuple(shape)
+    return st.composite(lambda draw: draw_broadcastable(draw, base))()
+
+
+def draw_matmul_rhs(draw: Callable[[st.SearchStrategy], Any], a_shape: Shape, max_side: int = 6) -> Shape:
+    """Inside a composite: the shape of a `b` with `a @ b` defined (torch.matmul's rules): a
+    vector, a matrix, or (when `a` is batched) a batch of matrices with a's batch dims."""
+    k = a_shape[-1]
+    forms = 3 if len(a_shape) > 2 else 2
+    form = draw(integers(0, forms - 1))
+    if form == 0:
+        return (k,)
+    m = draw(integers(1, max_side))
+    return (k, m) if form == 1 else a_shape[:-2] + (k, m)
+
+
+def matmul_shapes(min_dims: int = 1, max_dims: int = 4, max_side: int = 6) -> st.SearchStrategy[tuple[Shape, Shape]]:
+    """Pairs of shapes `(a, b)` with `torch.matmul(a, b)` defined."""
+    a_shapes = shapes(min_dims, max_dims, 1, max_side)
+
+    @st.composite
+    def pairs(draw: Callable[[st.SearchStrategy], Any]) -> tuple[Shape, Shape]:
+        a = draw(a_shapes)
+        return a, draw_matmul_rhs(draw, a, max_side)
+
+    return pairs()
 
 
 def dtype_name(dtype: Any) -> str:
@@ -221,7 +261,7 @@ class _ArraySpec:
         if name in FLOAT_DTYPES:
             scales.append(float(_FLOAT_MAX[name]) / 4)  # near overflow
             if allow_subnormal:
-                scales.append(4 * _FLOAT_TINY[name])  # mostly subnormal values
+                scales.append(4 * SMALLEST_NORMAL[name])  # mostly subnormal values
         # only unbounded float ranges use a scale: a bounded background is uniform in the range
         self.lo_given, self.hi_given = min_value is not None, max_value is not None
         self.scales = st.sampled_from(scales) if name in FLOAT_DTYPES and not (
@@ -290,7 +330,7 @@ class _ArraySpec:
         else:
             out = values.astype(self.storage)
         if not self.allow_subnormal:
-            tiny = _FLOAT_TINY[self.name]
+            tiny = SMALLEST_NORMAL[self.name]
             sub = (out != 0) & (np.abs(out) < tiny)
             if sub.any():
                 out[sub] = np.clip(0.0, lo, hi)
@@ -299,8 +339,6 @@ class _ArraySpec:
 
 _FLOAT_MAX = {"float16": np.finfo(np.float16).max, "bfloat16": 3.3895313892515355e38,
               "float32": np.finfo(np.float32).max, "float64": np.finfo(np.float64).max}
-_FLOAT_TINY = {"float16": float(np.finfo(np.float16).tiny), "bfloat16": float(np.finfo(np.float32).tiny),
-               "float32": float(np.finfo(np.float32).tiny), "float64": float(np.finfo(np.float64).tiny)}
 
 
 @functools.lru_cache(maxsize=512)

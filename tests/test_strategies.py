@@ -19,7 +19,7 @@ from pytest_msprobe.api_inputs import API_TABLE, api_inputs, api_spec, canonical
 from pytest_msprobe.strategies import shapes, tensors
 
 NO_EXPLAIN = [Phase.generate, Phase.shrink]  # the explain phase reruns a found example hundreds of times
-FAST = settings(max_examples=30, deadline=None, database=None, derandomize=True, phases=NO_EXPLAIN,
+FAST = settings(max_examples=20, deadline=None, database=None, derandomize=True, phases=NO_EXPLAIN,
                 suppress_health_check=list(HealthCheck))
 SEARCH = settings(max_examples=400, deadline=None, database=None, derandomize=True, phases=NO_EXPLAIN,
                   suppress_health_check=list(HealthCheck))
@@ -118,7 +118,7 @@ def test_nan_inf_and_subnormals_appear_when_allowed(dtype):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
 @pytest.mark.parametrize(("lo", "hi"), [(-0.1, 0.3), (0.1, 0.2), (-7.7, -1.01), (None, 2.5), (1e-3, None)])
 def test_values_stay_inside_the_bounds_after_rounding(dtype, lo, hi):
-    @settings(FAST, max_examples=12)
+    @settings(FAST, max_examples=8)
     @given(tensors(dtype, min_value=lo, max_value=hi, shape=shapes(max_side=6)))
     def check(x):
         f = x.double()
@@ -210,6 +210,18 @@ def test_shape_forms():
     @given(shapes(min_dims=2, max_dims=4, min_side=2, max_side=5))
     def check(shape):
         assert 2 <= len(shape) <= 4 and all(2 <= s <= 5 for s in shape)
+
+    check()
+
+
+def test_shape_helpers_give_shapes_the_ops_accept():
+    @FAST
+    @given(S.matmul_shapes(), st.data())
+    def check(pair, data):
+        a, b = pair
+        torch.matmul(torch.zeros(a), torch.zeros(b))
+        other = data.draw(S.broadcastable_shapes(a))
+        assert torch.broadcast_shapes(a, other) == a
 
     check()
 

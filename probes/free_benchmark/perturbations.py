@@ -4,13 +4,14 @@ Each mode turns (args, kwargs) into the inputs of the second call, or says why i
 are never modified: a perturbed tensor is always a new tensor, and containers on the path to it
 are rebuilt (their types kept; the reference's MindSpore add_noise turned tuples into lists, B24).
 Only host-known facts (dtype, shape) decide whether a mode applies: value-dependent gates are
-applied element-wise on the device, so no mode forces a device-to-host synchronisation.
+applied element-wise on the device, so no mode forces a device-to-host copy.
 
 A backend may offer `host_workspace(t)`: (operations, array, back) when the tensor's values are
 in host memory anyway and the mode's few element-wise operations are cheaper on a host array
-than dispatched one by one as framework operators (MindSpore PyNative on the CPU target); the
-mode then runs the same code on the array with those operations and `back` makes the result a
-tensor. A backend without it (torch) or returning None computes on the tensor itself.
+than dispatched one by one as framework operators (MindSpore PyNative on the CPU target: a view,
+no copy; reading it waits for the operators queued before it). The mode then runs the same code
+on the array with those operations and `back` makes the result a tensor. A backend without it
+(torch) or returning None computes on the tensor itself, with the same operations as before.
 """
 
 from __future__ import annotations

@@ -267,6 +267,8 @@ def test_probe_errors_are_recorded_never_raised(tmp_path, monkeypatch):
     assert torch.equal(y, x @ x)
     errors = summary(d.run_dir)["probe_errors"]
     assert any("boom" in k for k in errors)
+    (row,) = [r for r in read_rows(d.run_dir) if r["NPU Name"] == "mm_1_output"]
+    assert "boom" in row["Err_message"] and row["Accuracy Reached or Not"] == "Nan"
 
 
 def test_reference_failure_is_a_row_then_a_skip(tmp_path):

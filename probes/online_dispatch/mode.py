@@ -181,6 +181,16 @@ class OnlineDispatchMode(TorchDispatchMode):
         prefix = f"{info.api}_{idx}"
         results.ops_compared += 1
         results.devices[device.type] = results.devices.get(device.type, 0) + 1
+        try:
+            self._compare_named(func, info, prefix, args, kwargs, ref, out)
+        except Exception as exc:  # recorded in the op's row and the summary, never raised
+            results.add_error(str(func), "comparing", exc)
+            results.add_rows([special_row(f"{prefix}_output", "", "", "", "", "Nan",
+                                          f"comparison failed: {type(exc).__name__}: {exc}")])
+
+    def _compare_named(self, func: Any, info: _OpInfo, prefix: str, args: tuple, kwargs: dict,
+                       ref: reference.ReferenceCall, out: Any) -> None:
+        results = self.results
         cmp = verdict.OpComparison(prefix)
         verdict.collect_inputs(cmp, args, kwargs, ref.pristine_args if ref.pristine_args is not None else ref.args,
                                ref.pristine_kwargs if ref.pristine_kwargs is not None else ref.kwargs)

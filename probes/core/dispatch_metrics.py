@@ -9,7 +9,8 @@ The rule (spec grad_probe_online_dispatch.md §6.1) fails a leaf when
 ``Cosine < COS_THRESHOLD and MaxAbsErr > MAX_ABS_ERR_THRESHOLD``, or ``Cosine < COS_MAX_THRESHOLD``,
 or ``MaxAbsErr > MAX_ABS_ERR_MAX_THRESHOLD``. The literal rule is blind to scale: a value that is
 zero in exact arithmetic comes out as rounding noise on both sides, and two noise vectors have
-an arbitrary cosine. So before the rule runs, a leaf whose MaxAbsErr is within the *noise floor*
+an arbitrary cosine. So a leaf the literal rule fails still passes when its MaxAbsErr is within
+the *noise floor*
 
     floor = NOISE_FLOOR_ULPS * eps(device dtype) * scale * sqrt(max(1, reduction))
 

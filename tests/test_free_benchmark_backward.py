@@ -109,6 +109,19 @@ def test_gradients_are_recomputed_against_the_real_cotangent(fb_config, monkeypa
     assert dbg.rows == [] and dbg.summary()["apis"]["Functional.gelu"]["checked"] == 1
 
 
+def test_an_input_with_several_consumers_is_judged_on_this_calls_gradient(fb_config, monkeypatch):
+    """B11: x.grad accumulates gelu's gradient and another consumer's; the check compares gelu's
+    own VJP only, so no_change finds nothing."""
+    seen = spy_vjps(monkeypatch)
+    x = torch.linspace(-1.0, 1.0, 16).requires_grad_()
+    dbg = PrecisionDebugger(config=bw_config(fb_config, pert_mode="no_change", list=["gelu"]))
+    with dbg:
+        (F.gelu(x) + x * 3).sum().backward()
+    (_name, g_orig, g_pert), = seen
+    assert torch.allclose(g_orig[0] + 3, x.grad) and torch.equal(g_orig[0], g_pert[0])
+    assert dbg.rows == []
+
+
 def test_an_unused_output_counts_as_zero_cotangent(fb_config, monkeypatch):
     """std_mean returns two differentiable outputs; only `mean` is used, so the hook of `std`
     never fires and the check runs at the end of the backward pass."""

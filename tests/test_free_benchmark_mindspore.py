@@ -126,7 +126,6 @@ def test_unknown_list_name_is_an_error_naming_it(fb_config, entry, hint):
 
 
 @pytest.mark.parametrize("section, key", [
-    ({"fuzz_stage": "backward"}, "free_benchmark.fuzz_stage"),
     ({"pert_mode": "to_cpu", "fuzz_device": "cpu"}, "free_benchmark.pert_mode"),
 ])
 def test_features_not_available_on_mindspore_are_refused_clearly(fb_config, section, key):

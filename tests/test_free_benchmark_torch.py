@@ -372,7 +372,6 @@ def test_strict_mode_raises_probe_errors(fb_config, monkeypatch):
 
 
 @pytest.mark.parametrize("section, key", [
-    ({"fuzz_stage": "backward", "list": ["relu"]}, "free_benchmark.fuzz_stage"),
     ({"if_preheat": True}, "free_benchmark.if_preheat"),
 ])
 def test_features_of_later_releases_are_refused_clearly(fb_config, section, key):

@@ -576,13 +576,14 @@ def _free_benchmark(fb: Mapping[Any, Any]) -> FreeBenchmarkConfig:
                 'preheat tunes the check thresholds and cannot be used with handler_type "fix"; it must be false',
                 hint='set "if_preheat": false, or use handler_type "check"',
             )
-    if cfg.fuzz_stage == "backward" and not cfg.api_list:
+    if cfg.fuzz_stage == "backward" and not cfg.api_list and not cfg.scope:
         raise ConfigError(
             p + "list",
             list(cfg.api_list),
-            'a non-empty list of API names when free_benchmark.fuzz_stage is "backward" '
-            "(scope cannot select APIs for the backward stage)",
-            hint='name the APIs to check, e.g. "list": ["matmul"]',
+            'a non-empty list or scope of APIs when free_benchmark.fuzz_stage is "backward" '
+            "(each checked call costs two extra vector-Jacobian products)",
+            hint='name the APIs to check, e.g. "list": ["matmul"], or call names in scope, e.g. '
+                 '"scope": ["Functional.linear.0.backward"]',
         )
     if cfg.scope and cfg.api_list:
         raise ConfigError(

@@ -6,6 +6,7 @@ Every invalid argument is a ConfigError naming it, the value and what is allowed
 from __future__ import annotations
 
 import difflib
+import logging
 import os
 import re
 from dataclasses import dataclass
@@ -13,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from probes.core.errors import ConfigError
+
+logger = logging.getLogger("probes.online_dispatch")
 
 DUMP_MODES = ("OFF", "auto", "list", "all")
 _TAG = re.compile(r"^[a-zA-Z0-9_-]+$")
@@ -94,5 +97,7 @@ def validate(dump_mode: Any, api_list: Any, dump_path: Any, tag: Any, process_nu
                           f"an integer from 0 to {limit} (max((cpu_count + 1) // 4, 1) on this machine)",
                           hint="0 compares in this process")
     names = _check_api_list(api_list, dump_mode)
+    if names and dump_mode != "list":
+        logger.warning('online_dispatch: api_list is used only with dump_mode="list" (dump_mode=%r)', dump_mode)
     path = _check_dump_path(dump_path)
     return DispatchOptions(dump_mode, names, path, tag, process_num, debug)

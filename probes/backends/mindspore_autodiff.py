@@ -23,6 +23,8 @@ from typing import Any
 import mindspore as ms
 from mindspore import Tensor, ops
 
+from probes.backends.cotangents import CotangentGather, attach
+
 try:
     from mindspore.graph.api import _pynative_executor as _EXECUTOR
 except ImportError:  # pragma: no cover - MindSpore before 2.9
@@ -53,17 +55,11 @@ def recompute(context: Any) -> Any:
     return nullcontext()
 
 
-class _Gather:
-    """Collects the cotangent of each output (MindSpore fires every output's hook, with None for
-    an unused one) and calls back once, when the last has arrived."""
+class _Gather(CotangentGather):
+    """MindSpore fires every output's hook, with None for an unused one: the check runs when the
+    last has arrived."""
 
-    __slots__ = ("callback", "grads", "missing", "handles", "__weakref__")
-
-    def __init__(self, n: int, callback: Callable[[list[Any]], None]) -> None:
-        self.callback: Callable[[list[Any]], None] | None = callback
-        self.grads: list[Any] = [None] * n
-        self.missing = n
-        self.handles: list[Any] = []
+    __slots__ = ()
 
     def hook(self, i: int) -> Callable[[Any], None]:
         seen = [False]
@@ -75,34 +71,14 @@ class _Gather:
             self.missing -= 1
             self.grads[i] = grad
             if self.missing == 0:
-                callback, grads = self.callback, self.grads
-                self.callback, self.grads = None, []
-                callback(grads)
+                self.fire()
             return None  # the gradient flows on unchanged
 
         return on_grad
 
-    def remove(self) -> None:
-        """Drop the callback; the hooks themselves are removed only outside a backward pass
-        (`release`), since removing a running hook crashes MindSpore."""
-        self.callback, self.grads = None, []
 
-    def release(self) -> None:
-        self.remove()
-        handles, self.handles = self.handles, []
-        for h in handles:
-            h.remove()
-
-
-def on_backward(outputs: Sequence[Any], callback: Callable[[list[Any]], None]) -> _Gather:
-    gather = _Gather(len(outputs), callback)
-    try:
-        for i, out in enumerate(outputs):
-            gather.handles.append(out.register_hook(gather.hook(i)))
-    except BaseException:
-        gather.release()
-        raise
-    return gather
+def on_backward(outputs: Sequence[Any], callback: Callable[[list[Any]], None]) -> CotangentGather:
+    return attach(_Gather(len(outputs), callback), outputs)
 
 
 def vjp(fn: Callable[..., Sequence[Any]], primals: Sequence[Any], cotangents: Sequence[Any]) -> list[Any]:

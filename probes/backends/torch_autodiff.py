@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from probes.backends.cotangents import CotangentGather, attach
+
 _ENGINE = torch.autograd.Variable._execution_engine
 
 
@@ -74,19 +76,16 @@ def recompute(context: Any) -> _Recompute:
     return _Recompute(context)
 
 
-class _Gather:
-    """Collects the cotangent of each output and calls back once. With several outputs, an output
-    that receives no gradient never fires its hook: the first arrival queues a callback for the end
-    of the backward pass, which completes the call with None for the missing ones."""
+class _Gather(CotangentGather):
+    """With several outputs, an output that receives no gradient never fires its hook: the first
+    arrival queues a callback for the end of the backward pass, which completes the call with None
+    for the missing ones."""
 
-    __slots__ = ("callback", "grads", "missing", "queued", "handles", "__weakref__")
+    __slots__ = ("queued",)
 
     def __init__(self, n: int, callback: Callable[[list[Any]], None]) -> None:
-        self.callback: Callable[[list[Any]], None] | None = callback
-        self.grads: list[Any] = [None] * n
-        self.missing = n
+        super().__init__(n, callback)
         self.queued = False
-        self.handles: list[Any] = []
 
     def hook(self, i: int) -> Callable[[Any], None]:
         def on_grad(grad: Any) -> None:
@@ -104,35 +103,9 @@ class _Gather:
 
         return on_grad
 
-    def fire(self) -> None:
-        callback, grads = self.callback, self.grads
-        if callback is None:
-            return
-        self.callback, self.grads = None, []
-        callback(grads)
 
-    def remove(self) -> None:
-        """Drop the callback (safe inside the backward pass: the hooks become no-ops that die
-        with the graph)."""
-        self.callback, self.grads = None, []
-
-    def release(self) -> None:
-        """Unregister the hooks too (outside a backward pass)."""
-        self.remove()
-        handles, self.handles = self.handles, []
-        for h in handles:
-            h.remove()
-
-
-def on_backward(outputs: Sequence[Any], callback: Callable[[list[Any]], None]) -> _Gather:
-    gather = _Gather(len(outputs), callback)
-    try:
-        for i, out in enumerate(outputs):
-            gather.handles.append(out.register_hook(gather.hook(i)))
-    except BaseException:
-        gather.release()
-        raise
-    return gather
+def on_backward(outputs: Sequence[Any], callback: Callable[[list[Any]], None]) -> CotangentGather:
+    return attach(_Gather(len(outputs), callback), outputs)
 
 
 def vjp(fn: Callable[..., Sequence[Any]], primals: Sequence[Any], cotangents: Sequence[Any]) -> list[Any]:

@@ -10,6 +10,7 @@ dozens of examples a second. The decorated function's body runs afterwards (extr
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,6 +33,7 @@ class ApiCase:
     kwargs: dict[str, Any] = field(default_factory=dict)
     examples: int = DEFAULT_EXAMPLES
     skip_reason: str | None = None
+    online_dispatch: bool | None = None  # None: on when the device under test is an accelerator
 
     @property
     def id(self) -> str:
@@ -51,7 +53,7 @@ def cases_from_marker(mark: pytest.Mark) -> list[ApiCase]:
     if len(mark.args) != 1 or not isinstance(mark.args[0], str):
         raise pytest.UsageError(f"@pytest.mark.{MARKER}: give exactly one API name, e.g. "
                                 f"@pytest.mark.{MARKER}(\"torch.nn.functional.softmax\"); got {mark.args!r}")
-    allowed = {"dtypes", "pert_modes", "shapes", "kwargs", "examples"}
+    allowed = {"dtypes", "pert_modes", "shapes", "kwargs", "examples", "online_dispatch"}
     unknown = set(mark.kwargs) - allowed
     if unknown:
         raise pytest.UsageError(f"@pytest.mark.{MARKER}: unknown argument(s) {sorted(unknown)}; "
@@ -69,13 +71,17 @@ def cases_from_marker(mark: pytest.Mark) -> list[ApiCase]:
     if not isinstance(examples, int) or isinstance(examples, bool) or examples < 1:
         raise pytest.UsageError(f"@pytest.mark.{MARKER}({api!r}): examples={examples!r}; allowed: a positive int")
     kwargs = dict(mark.kwargs.get("kwargs") or {})
+    od = mark.kwargs.get("online_dispatch")
+    if od is not None and not isinstance(od, bool):
+        raise pytest.UsageError(f"@pytest.mark.{MARKER}({api!r}): online_dispatch={od!r}; allowed: True, False "
+                                "or leave it out (on when the device under test is an accelerator)")
     out = []
     for dtype in dtypes:
         for mode in modes or (default_mode(dtype),):
             skip = None
             if mode == "improve_precision" and dtype not in _LOW:
                 skip = f"improve_precision has nothing to upcast in {dtype}; use add_noise/bit_noise for {dtype}"
-            out.append(ApiCase(api, dtype, mode, mark.kwargs.get("shapes"), kwargs, examples, skip))
+            out.append(ApiCase(api, dtype, mode, mark.kwargs.get("shapes"), kwargs, examples, skip, od))
     return out
 
 
@@ -102,6 +108,7 @@ def run_case(case: ApiCase, options: Any, nodeid: str, dump_path: Any) -> None:
     spec = api_spec(case.api)
     if options.device == "cpu" and case.dtype in spec.no_cpu:
         pytest.skip(f"{case.api} has no CPU kernel for {case.dtype} in this torch")
+    from probes.backends.patching import suspended
     from probes.pytorch import PrecisionDebugger
 
     key = canonical_name(case.api)
@@ -112,6 +119,12 @@ def run_case(case: ApiCase, options: Any, nodeid: str, dump_path: Any) -> None:
     strategy = api_inputs(case.api, case.dtype, shapes=case.shapes, kwargs=case.kwargs, device=options.device)
     debugger = PrecisionDebugger(config=config)
     seen = {"rows": 0, "checked": 0}
+    dispatch = None
+    if case.online_dispatch or (case.online_dispatch is None and options.device != "cpu"):
+        from probes.pytorch.online_dispatch import PtdbgDispatch
+
+        dispatch = PtdbgDispatch(dump_mode="auto", dump_path=str(Path(dump_path) / "online_dispatch"))
+    original = resolve_api(case.api)  # before the probe starts: the API itself
 
     @settings(max_examples=case.examples, deadline=None, database=None, print_blob=True,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
@@ -127,12 +140,25 @@ def run_case(case: ApiCase, options: Any, nodeid: str, dump_path: Any) -> None:
             raise AssertionError(
                 f"{row.api_name} ({case.dtype}, {case.pert_mode}): max_rel {row.max_rel} > threshold "
                 f"{row.threshold} at output {row.output_index or 0} (shape {row.shape})")
+        if dispatch is not None:  # the same inputs, every aten op against the CPU reference
+            failed = len(dispatch.results.failed_ops) if dispatch.results is not None else 0
+            with suspended(), dispatch:
+                original(*args, **kwargs)
+            new = dispatch.results.failed_ops[failed:]
+            if new:
+                leaf = new[0].leaves[0] if new[0].leaves else {}
+                raise AssertionError(
+                    f"online_dispatch: {new[0].name} ({new[0].op}, {case.dtype}) disagrees with the CPU reference: "
+                    f"Cosine {leaf.get('cosine')}, MaxAbsErr {leaf.get('max_abs_err')} "
+                    f"(evidence: {dispatch.results.csv_path})")
 
     debugger.start()
     try:
         check()
     finally:
         debugger.stop()
+        if dispatch is not None:
+            dispatch.close()
         summary = debugger.summary()
         seen["checked"] = summary["apis"].get(key, {}).get("checked", 0)
     if seen["checked"] == 0:

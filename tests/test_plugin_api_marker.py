@@ -95,3 +95,43 @@ def test_fail_on_never_reports_and_xdist_merges(suite):
     checks = json.loads((dump / "api_checks.json").read_text())["tests"]
     assert len(checks) == 5  # both workers' results, merged by the controller
     assert [c["api"] for c in checks if c["flagged"]] == ["torch.expm1"]
+
+
+def test_online_dispatch_on_request_catches_a_kernel_defect(pytester):
+    pytester.makepyfile(
+        test_od_api='''
+import pytest
+
+@pytest.mark.msprobe_api("torch.tanh", dtypes=["float32"], online_dispatch=True, examples=10)
+def test_tanh():
+    pass
+
+@pytest.mark.msprobe_api("torch.tanh", dtypes=["float32"], online_dispatch=True, examples=25)
+def test_tanh_defective():
+    pass
+''',
+        conftest='''
+import torch
+
+_tanh = torch.tanh
+
+@torch.library.custom_op("seeded_api::bad_tanh", mutates_args=())
+def bad_tanh(x: torch.Tensor) -> torch.Tensor:  # the float32 kernel loses the sign of negative inputs
+    return _tanh(x.abs()) if x.dtype == torch.float32 else _tanh(x)
+
+@bad_tanh.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+def pytest_runtest_setup(item):
+    if "defective" in item.name:
+        torch.tanh = torch.ops.seeded_api.bad_tanh
+
+def pytest_runtest_teardown(item):
+    torch.tanh = _tanh
+''')
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--msprobe-dump-path={pytester.path / 'out'}")
+    result.assert_outcomes(passed=1, failed=1)
+    out = result.stdout.str()
+    assert "online_dispatch: bad_tanh" in out and "disagrees with the CPU reference" in out
+    assert "Falsifying example" in out

@@ -18,18 +18,20 @@ import re
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from probes.core.config import ProbeConfig
 from probes.core.errors import ProbeError
+from probes.core.metrics import RatioVerdict
 from probes.core.records import FREE_BENCHMARK_COLUMNS, FreeBenchmarkRow
 from probes.core.trees import format_path, iter_leaves, tree_map
 from probes.core.writers import CsvAppender, write_json_atomic
 from probes.free_benchmark.backward import BackwardCheck
 from probes.free_benchmark.compare import StructureMismatch, compare_outputs
-from probes.free_benchmark.perturbations import Cancelled, make_perturbation
+from probes.free_benchmark.perturbations import Cancelled, Perturbation, make_perturbation
+from probes.free_benchmark.preheat import CENSUS, Preheat
 
 log = logging.getLogger("probes.free_benchmark")
 _CALL_INDEX = re.compile(r"\.\d+$")
@@ -56,12 +58,14 @@ class ApiStats:
     threshold: float | None = None
     first_flagged: str | None = None
     dtypes: set[str] = field(default_factory=set)
+    preheat_flagged: int = 0  # calls with rows during preheat (kept out of the CSV and `flagged`)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "calls": self.calls, "checked": self.checked, "flagged": self.flagged, "fixed": self.fixed,
             "worst_max_rel": self.worst_max_rel, "threshold": self.threshold,
             "first_flagged": self.first_flagged, "dtypes": sorted(self.dtypes),
+            "preheat_flagged": self.preheat_flagged,
         }
 
 
@@ -144,12 +148,33 @@ class FreeBenchmarkProbe:
         self.rows: list[FreeBenchmarkRow] = []
         self.rows_total = 0
         self._summary_rows: list[dict[str, Any]] = []
+        self.preheat: Preheat | None = None
+        self.preheat_note: str | None = None  # why a requested preheat is not applied
+        self._cpu_reference: Perturbation | None = None
+        self.preheat_rows_total = 0
+        self._preheat_rows: list[dict[str, Any]] = []
         self._dirty = True
         self.skipped: Counter[tuple[str, str]] = Counter()
         self.errors: dict[tuple[str, str], dict[str, Any]] = {}
         self._writers: dict[int, CsvAppender] = {}
         self._logged: set[tuple[str, str]] = set()
         self.started_at = time.time()
+
+    def enable_preheat(self) -> None:
+        """Learn the thresholds against the CPU (`if_preheat`; the frameworks that support it
+        call this). Forward check stage with a ratio mode only: the backward stage has no CPU
+        reference for a vector-Jacobian product (the reference counts it as consistent, which only
+        tightens), and to_cpu has no ratio to tune."""
+        fb = self.fb
+        if fb.fuzz_stage != "forward" or fb.handler_type != "check" or fb.pert_mode == "to_cpu":
+            why = ("the backward stage has no CPU reference for gradients" if fb.fuzz_stage != "forward"
+                   else "to_cpu is judged by the CPU rule, not a ratio threshold" if fb.pert_mode == "to_cpu"
+                   else "preheat tunes the check handler only")
+            self.preheat_note = f"not applied: {why}; the default thresholds are used"
+            log.warning("free_benchmark: if_preheat is %s", self.preheat_note)
+            return
+        self.preheat = Preheat(fb.preheat_step, fb.max_sample)
+        self._cpu_reference = make_perturbation("to_cpu", self.backend)
 
     # lifecycle -----------------------------------------------------------------------------
     def refresh(self) -> None:
@@ -174,6 +199,8 @@ class FreeBenchmarkProbe:
         self.counters.clear()
         if self.backward is not None:
             self.backward.end_step()
+        if self.preheat is not None:
+            self.preheat.end_step()
         self.refresh()
 
     # the per-call path -------------------------------------------------------------------------
@@ -201,18 +228,25 @@ class FreeBenchmarkProbe:
         stats.calls += 1
         if self.backward is not None:
             return self.backward.on_call(meta, name, stats, original, args, kwargs)
+        sampled = False
+        if self.preheat is not None:
+            phase, sampled = self.preheat.on_call(key, self.current_step)
+            if phase == CENSUS:  # the call census: counted, not compared (spec §4.5)
+                self._dirty = True
+                return original(*args, **kwargs)
         snapshot = self.backend.rng_snapshot(args)
         out = original(*args, **kwargs)
         try:
-            self._check(meta, name, stats, original, args, kwargs, out, snapshot)
+            self._check(meta, name, stats, original, args, kwargs, out, snapshot, sampled)
         except Exception as exc:  # never let the probe break the user's model
             if self.config.strict:
                 raise ProbeError(f"free_benchmark failed on {name}: {exc}") from exc
             self._error(key, name, exc)
         return out
 
-    def _check(self, meta, name, stats, original, args, kwargs, out, snapshot) -> None:
+    def _check(self, meta, name, stats, original, args, kwargs, out, snapshot, sampled=False) -> None:
         b = self.backend
+        user_args, user_kwargs = args, kwargs
         if meta.mutates_inputs:
             args, kwargs = tree_map(_cloner(b), args), tree_map(_cloner(b), kwargs)
         pert = self.perturbation.build(args, kwargs)
@@ -238,10 +272,61 @@ class FreeBenchmarkProbe:
         except StructureMismatch as exc:
             self._skip(meta.key, f"perturbed output has another structure ({exc})")
             return
-        self._record(meta.key, name, stats, verdicts, self.current_step)
+        preheat_row = False
+        if self.preheat is not None:
+            if meta.mutates_inputs and sampled:  # the CPU run must not see the re-run's updates
+                args, kwargs = tree_map(_cloner(b), user_args), tree_map(_cloner(b), user_kwargs)
+            if sampled:
+                try:
+                    self._preheat_sample(meta.key, name, original, args, kwargs, out, snapshot, verdicts)
+                except Exception as exc:  # no sample; the ratio verdicts still count
+                    if self.config.strict:
+                        raise
+                    self._error(meta.key, f"{name} (preheat CPU reference)", exc)
+            preheat_row = self.preheat.in_preheat(meta.key)
+            verdicts = [self._preheat_judged(meta.key, v) for v in verdicts]
+        self._record(meta.key, name, stats, verdicts, self.current_step, preheat=preheat_row)
 
-    def _record(self, key: str, name: str, stats: ApiStats, verdicts: list[Any], step: int) -> None:
-        """Count a finished check and write a row per inconsistent leaf (both stages)."""
+    # preheat (spec §4.5) ----------------------------------------------------------------------
+    def _preheat_sample(self, key, name, original, args, kwargs, out, snapshot, verdicts) -> None:
+        """Run the call on the CPU (inputs copied there, half types as float32) and give every
+        ratio leaf's figure to the preheat with the CPU rule's verdict for that leaf. A failed
+        CPU run records nothing (the reference counted it as consistent, which can only widen)."""
+        b = self.backend
+        assert self._cpu_reference is not None and self.preheat is not None
+        cpu_call = self._cpu_reference.build(args, kwargs)
+        if isinstance(cpu_call, Cancelled):
+            return
+        after = b.rng_snapshot(None)
+        b.rng_restore(snapshot)
+        try:
+            with b.no_grad():
+                cpu_out = original(*cpu_call.args, **cpu_call.kwargs)
+        finally:
+            b.rng_restore(after)
+        cpu_call = None
+        cpu_ok = {v.path: v.consistent for v in compare_outputs(b, out, cpu_out, pert_mode="to_cpu")}
+        log.info("free_benchmark: preheat sample in step %s, %s", self.current_step, name)
+        for v in verdicts:
+            if "ratio" in v.detail and v.path in cpu_ok:
+                self.preheat.record(key, v.dtype_repr, v.figure, cpu_ok[v.path], floor=1.0 + v.threshold)
+
+    def _preheat_judged(self, key: str, v: Any) -> Any:
+        """A ratio leaf's verdict under the preheat threshold of its API and dtype."""
+        if "ratio" not in v.detail:
+            return v  # integer and bool leaves are compared exactly
+        assert self.preheat is not None
+        t = self.preheat.threshold(key, v.dtype_repr, default=1.0 + v.threshold)
+        d = v.detail
+        rv = RatioVerdict(d["ratio"], bool(d.get("symbol_flipping")), bool(d.get("nan_mismatch")),
+                          bool(d.get("inf_mismatch")))
+        return replace(v, consistent=rv.consistent(t), threshold=round(t - 1.0, 12))
+
+    def _record(self, key: str, name: str, stats: ApiStats, verdicts: list[Any], step: int,
+                preheat: bool = False) -> None:
+        """Count a finished check and write a row per inconsistent leaf (both stages). Rows of a
+        call judged during its API's preheat are kept out of the CSV and of `rows` (warm-up
+        thresholds raise no alarm): summary.json counts them and lists the first ones."""
         stats.checked += 1
         self._dirty = True
         bad = [v for v in verdicts if not v.consistent]
@@ -249,18 +334,28 @@ class FreeBenchmarkProbe:
             stats.dtypes.add(v.dtype_repr)
         if not bad:
             return
-        stats.flagged += 1
+        if preheat:
+            stats.preheat_flagged += 1
+        else:
+            stats.flagged += 1
         csv_path = self._csv_path(step)
         for v in bad:
             row = FreeBenchmarkRow(
                 rank=self.rank or 0, pert_mode=self.fb.pert_mode, stage=self.fb.fuzz_stage, step=step,
                 api_name=name, max_rel=v.max_rel, dtype=v.dtype_repr, shape=v.shape_repr,
                 output_index=format_path(v.path), api=key, threshold=v.threshold, figure=v.figure,
-                detail=dict(v.detail, csv=str(csv_path)),
+                detail=dict(v.detail) if preheat else dict(v.detail, csv=str(csv_path)),
             )
+            if preheat:
+                self.preheat_rows_total += 1
+                if len(self._preheat_rows) < SUMMARY_ROWS:
+                    self._preheat_rows.append(dict(row.to_dict(), preheat=True))
+                continue
             self._add_row(row)
             if v.figure > stats.worst_figure or stats.worst_max_rel is None:
                 stats.worst_figure, stats.worst_max_rel, stats.threshold = v.figure, v.max_rel, v.threshold
+        if preheat:
+            return
         if stats.first_flagged is None:
             stats.first_flagged = name
             worst = stats.worst_max_rel
@@ -340,19 +435,30 @@ class FreeBenchmarkProbe:
         by_reason: dict[str, dict[str, int]] = {}
         for (key, reason), n in sorted(self.skipped.items()):
             by_reason.setdefault(reason, {})[key] = n
-        return {
+        apis = {k: s.to_dict() for k, s in sorted(self.stats.items())}
+        if self.preheat is not None:
+            for k, entry in apis.items():
+                entry["preheat"] = self.preheat.describe(k)
+        summary = {
             "tool": "free_benchmark",
             "framework": self.framework,
             "rank": self.rank or 0,
             "config": self.config.to_dict(),
             "steps_seen": self.current_step + 1,
-            "apis": {k: s.to_dict() for k, s in sorted(self.stats.items())},
+            "apis": apis,
             "flagged": list(self._summary_rows),
             "rows_total": self.rows_total,
             "not_checked": by_reason,
             "errors": list(self.errors.values()),
             "csv_files": sorted(str(w.path) for w in self._writers.values() if w.path.exists()),
         }
+        if self.preheat is not None or self.preheat_note is not None:
+            summary["preheat"] = {
+                "applied": self.preheat is not None, "note": self.preheat_note,
+                "preheat_step": self.fb.preheat_step, "max_sample": self.fb.max_sample,
+                "rows_total": self.preheat_rows_total, "rows": list(self._preheat_rows),
+            }
+        return summary
 
 
 def _cloner(backend: Any) -> Callable[[Any], Any]:

@@ -25,13 +25,11 @@ class TorchFreeBenchmark(FreeBenchmarkRun):
     """
 
     def __init__(self, config: ProbeConfig) -> None:
-        fb = config.free_benchmark
-        if fb.if_preheat:
-            raise ConfigError("free_benchmark.if_preheat", True, "preheat is not available in this version",
-                              "set it to false; preheat is planned")
         self.config = config
         self.catalog = build_catalog()
         self.probe = FreeBenchmarkProbe(config, BACKEND, call_exclusion, "pytorch")
+        if config.free_benchmark.if_preheat:  # PyTorch only, as the reference (MindSpore warns and ignores it)
+            self.probe.enable_preheat()
         self._check_selection()
         self.patcher = ApiPatcher(tuple(m for m in self.catalog if m.exclusion != exclusions.ACCESSOR))
         self._register()

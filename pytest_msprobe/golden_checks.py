@@ -79,9 +79,23 @@ def check_marked_test(item: pytest.Item, mark: pytest.Mark, options: Any, suite:
             outcome = check_run(store, golden_name, payload)
         item.user_properties.append((f"msprobe_golden:{golden_name}", "regenerated" if outcome.regenerated
                                      else "ok" if outcome.ok else "regressed"))
+        if suite is not None:
+            similarities = report_similarities(golden_name, outcome)
+            if similarities:
+                suite[1].setdefault("similarities", {}).update(similarities)
         if not outcome.ok:
             failures.append(outcome.message)
     return failures
+
+
+def report_similarities(name: str, outcome: GoldenOutcome) -> dict[str, Any]:
+    """The HTML report's gradient-similarity series of a grad golden check (per rank folder: the
+    summary over parameters and the lowest parameter, per step)."""
+    out = {}
+    for unit, data in ((outcome.details.get("data") or {}).get("similarity") or {}).items():
+        out[f"{name} {unit} vs golden"] = {"steps": data["steps"], "summary": data["summary"],
+                                           "params": {"lowest parameter": data["lowest"]}}
+    return out
 
 
 class GoldenFixture:

@@ -397,6 +397,9 @@ def _write_session_files(state: MsprobeSession) -> None:
         "tests": tests,
         {"free_benchmark": "apis", "grad_probe": "params", "online_dispatch": "ops"}[state.task.name]: table,
     }
+    similarities = {k: v for _, r in state.results for k, v in r.get("similarities", {}).items()}
+    if similarities:
+        summary["similarities"] = similarities
     write_json_atomic(state.root / "summary.json", summary)
     try:
         from pytest_msprobe.html_report import render_html

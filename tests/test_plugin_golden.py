@@ -85,3 +85,27 @@ def test_marker_without_any_result_says_what_to_do(pytester):
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(failed=1)
     assert "produced no probe result to compare" in result.stdout.str()
+
+
+def test_grad_golden_feeds_the_report_similarity_plot(pytester):
+    pytester.makepyfile(test_g='''
+import pytest, torch
+
+@pytest.mark.msprobe_golden("g/mlp")
+def test_train():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 1))
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    x = torch.linspace(-1, 1, 32).reshape(8, 4)
+    for _ in range(3):
+        opt.zero_grad()
+        m(x).square().mean().backward()
+        opt.step()
+''')
+    args = ("-p", "no:cacheprovider", "--msprobe-task=grad_probe", f"--msprobe-dump-path={pytester.path / 'out'}")
+    pytester.runpytest_subprocess(*args, "--msprobe-regen-golden").assert_outcomes(failed=1)
+    pytester.runpytest_subprocess(*args).assert_outcomes(passed=1)
+    summary = json.loads((pytester.path / "out" / "summary.json").read_text())
+    series = summary["similarities"]["g/mlp rank0 vs golden"]
+    assert series["steps"] == [0, 1, 2] and series["summary"] == [1.0, 1.0, 1.0]
+    assert "gradient direction similarity per step" in (pytester.path / "out" / "report.html").read_text()

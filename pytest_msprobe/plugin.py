@@ -350,6 +350,15 @@ def grad_probe(request: pytest.FixtureRequest) -> Any:
     return _tool_factory(request, "grad_probe")
 
 
+@pytest.fixture
+def msprobe_distributed(request: pytest.FixtureRequest) -> Any:
+    """`run = msprobe_distributed(fn, *args, world_size=2)`: fn(dump_path, *args) on every rank of a
+    gloo process group (spawned ranks, local port, timeout); `run.merged`, `run.assert_clean()`"""
+    from pytest_msprobe.distributed import DistributedRunner
+
+    return DistributedRunner(test_dump_path(request.config.stash[_OPTIONS_KEY].root, request.node.nodeid) / "distributed")
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     options: MsprobeOptions | None = session.config.stash.get(_OPTIONS_KEY, None)
     state: MsprobeSession | None = session.config.stash.get(_SESSION_KEY, None)

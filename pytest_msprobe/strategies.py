@@ -257,15 +257,9 @@ class _ArraySpec:
         self.overrides = st.lists(st.tuples(st.integers(0, 2**31 - 1), elem), max_size=_MAX_OVERRIDES)
         self.allow_subnormal = allow_subnormal
         self.allow_nan = allow_nan and name in FLOAT_DTYPES
-        scales = [1.0, 1e-3, 1e3]  # of unbounded backgrounds; the first is what failures shrink to
-        if name in FLOAT_DTYPES:
-            scales.append(float(_FLOAT_MAX[name]) / 4)  # near overflow
-            if allow_subnormal:
-                scales.append(4 * SMALLEST_NORMAL[name])  # mostly subnormal values
-        # only unbounded float ranges use a scale: a bounded background is uniform in the range
         self.lo_given, self.hi_given = min_value is not None, max_value is not None
-        self.scales = st.sampled_from(scales) if name in FLOAT_DTYPES and not (
-            self.lo_given and self.hi_given) else None
+        self.profiles = _profiles(name, allow_subnormal, self.lo_given and self.hi_given) \
+            if name in FLOAT_DTYPES else None
         if name in FLOAT_DTYPES:
             top = float(_FLOAT_MAX[name])
             self.lo = _round_inward(name, min_value, up=True) if self.lo_given else -top
@@ -277,7 +271,7 @@ class _ArraySpec:
             self.hi = info.max if max_value is None else min(info.max, int(np.floor(max_value)))
 
     def draw(self, draw: Callable[[st.SearchStrategy], Any], shape: Shape) -> np.ndarray:
-        """A few Hypothesis draws, the rest numpy: a fill value; a seed, a share and a scale for
+        """A few Hypothesis draws, the rest numpy: a fill value; a seed, a share and a profile for
         numpy's random background, which replaces the fill in that share of the cells; then up to
         4 cells drawn by Hypothesis, where NaN, infinities, subnormals and extremes come from.
 
@@ -289,12 +283,12 @@ class _ArraySpec:
         fill = draw(self.elements)
         seed = draw(_SEEDS)
         share = draw(_SHARES)
-        scale = draw(self.scales) if self.scales is not None else 1.0
+        profile = draw(self.profiles) if self.profiles is not None else ("plain", 1.0)
         flat = np.full(size, fill, dtype=self.storage)
         count = -(-size * share // _SHARE_MAX)  # ceil
         if count:
             rng = np.random.default_rng(seed)
-            values = self._background(rng, size, scale)
+            values = self._background(rng, size, profile)
             if count >= size:
                 flat = values
             else:
@@ -310,13 +304,17 @@ class _ArraySpec:
                     flat[nan] = np.nan
         return flat.reshape(shape)
 
-    def _background(self, rng: np.random.Generator, size: int, scale: float) -> np.ndarray:
+    def _background(self, rng: np.random.Generator, size: int, profile: tuple[str, float]) -> np.ndarray:
         if self.name == "bool":
             return rng.random(size) < 0.5
         if self.name in INT_DTYPES:
             return rng.integers(self.lo, self.hi, size, endpoint=True, dtype=self.storage)
         lo, hi = self.lo, self.hi
-        if self.lo_given and self.hi_given and np.isfinite(hi - lo):
+        kind, scale = profile
+        bounded = self.lo_given and self.hi_given and np.isfinite(hi - lo)
+        if kind == "log":  # magnitudes spread evenly over the decades: cancellation lives at small ones
+            values = self._log_uniform(rng, size, lo, hi)
+        elif bounded:
             values = rng.uniform(lo, hi, size)
         else:
             values = rng.standard_normal(size) * scale
@@ -335,6 +333,31 @@ class _ArraySpec:
             if sub.any():
                 out[sub] = np.clip(0.0, lo, hi)
         return out
+
+    def _log_uniform(self, rng: np.random.Generator, size: int, lo: float, hi: float) -> np.ndarray:
+        """Values in [lo, hi] whose magnitudes are log-uniform from the dtype's smallest normal
+        (or the range's own smallest magnitude) up, with both signs where the range has them."""
+        floor = SMALLEST_NORMAL[self.name]
+        negative = rng.random(size) < (0.5 if lo < 0 < hi else float(hi <= 0))
+
+        def magnitudes(a: float, b: float) -> np.ndarray:  # log-uniform in [a, b], 0 < a <= b
+            a, b = max(a, floor), max(b, floor)
+            return np.exp(rng.uniform(np.log(a), np.log(b), size))
+
+        pos = magnitudes(max(lo, floor), hi) if hi > 0 else np.zeros(size)
+        neg = -magnitudes(max(-hi, floor), -lo) if lo < 0 else np.zeros(size)
+        return np.where(negative, neg, pos)
+
+
+def _profiles(name: str, allow_subnormal: bool, bounded: bool) -> st.SearchStrategy[tuple[str, float]]:
+    """Shapes of the random background: "plain" (uniform in a bounded range, normal times the
+    scale otherwise) or "log" (log-uniform magnitudes). The first is what failures shrink to."""
+    options = [("plain", 1.0), ("log", 1.0)]
+    if not bounded:
+        options += [("plain", 1e-3), ("plain", 1e3), ("plain", float(_FLOAT_MAX[name]) / 4)]
+    if allow_subnormal:
+        options.append(("plain", 4 * SMALLEST_NORMAL[name]))  # mostly subnormal values
+    return st.sampled_from(options)
 
 
 _FLOAT_MAX = {"float16": np.finfo(np.float16).max, "bfloat16": 3.3895313892515355e38,

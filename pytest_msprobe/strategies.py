@@ -2,19 +2,22 @@
 
 Why exactness matters: a float32 value cast to float16/bfloat16 is rounded by the cast, so the
 value Hypothesis reports (and shrinks) is not the value the API saw, and the bounds asked for can
-be crossed by the rounding. Here every value is produced in the target format itself: float16
-through Hypothesis's 16-bit floats, bfloat16 as float32 bit patterns whose low 16 bits are
-cleared (truncation towards zero, which keeps bf16-representable bounds and never turns a
-finite value infinite), so `x == x.to(float32).to(x.dtype)` always holds.
+be crossed by the rounding. Here every value is made in the target format: Hypothesis draws float16
+values as 16-bit floats and bfloat16 values as float32 bit patterns with the low 16 bits cleared
+(truncation towards zero: it keeps bf16-representable bounds and never turns a finite value
+infinite); bounds are first rounded inwards to the dtype; numpy's random values are clipped to
+those bounds and then rounded to the dtype (rounding is monotonic and the bounds are dtype values,
+so they stay inside). So `x == x.to(float32).to(x.dtype)` always holds.
 
-Why numpy: an array is built from a handful of Hypothesis draws (`hypothesis.extra.numpy.arrays`
-fills most cells with one drawn value and draws a few others), then converted to a framework
-tensor in one call; no Python loop per element, and arrays still shrink towards zeros and small
-shapes.
+Why numpy: drawing every cell through Hypothesis costs about 0.1 ms a cell. An array here is a
+handful of Hypothesis draws (a fill value, a seed, a share, a profile, up to 4 chosen cells) and
+numpy does the rest (see `_ArraySpec.draw`), then one call turns it into a framework tensor. The
+draws are arranged so that shrinking still works: to small shapes, a constant fill of simple
+values, and the few cells a failure needs.
 
 Frameworks are imported lazily, when a tensor is built: this module imports without torch and
-without MindSpore. `api_inputs` (inputs for a named torch API) lives in `pytest_msprobe.api_inputs`
-and is re-exported here.
+without MindSpore. `api_inputs` (inputs for a named torch API) lives in `pytest_msprobe.api_inputs`;
+the function of that name here forwards to it.
 """
 
 from __future__ import annotations

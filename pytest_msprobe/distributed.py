@@ -94,7 +94,7 @@ class RankJob:
 
 
 def _rank_main(fn: Callable[..., Any], args: tuple, kwargs: dict, rank: int, world_size: int, port: int,
-               backend: str, pg_timeout_s: float, threads: int | None, result_path: str) -> None:
+               backend: str, pg_timeout_s: float, threads: int | None, init: bool, result_path: str) -> None:
     """Entry point of a spawned rank: torchrun's environment, the process group, fn, the result file."""
     os.environ.update(rank_env(rank, world_size, port, backend))
     import torch
@@ -102,20 +102,26 @@ def _rank_main(fn: Callable[..., Any], args: tuple, kwargs: dict, rank: int, wor
 
     if threads:
         torch.set_num_threads(threads)
+    failed_at = 0.0
     try:
-        dist.init_process_group(backend, rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=pg_timeout_s))
+        if init:
+            dist.init_process_group(backend, rank=rank, world_size=world_size,
+                                    timeout=timedelta(seconds=pg_timeout_s))
         try:
             result: tuple[str, Any] = ("ok", fn(*args, **kwargs))
+        except BaseException:
+            failed_at = time.time()  # before the group goes down and the peers fail in turn
+            raise
         finally:
-            with contextlib.suppress(Exception):
-                dist.destroy_process_group()
+            if dist.is_initialized():
+                with contextlib.suppress(Exception):
+                    dist.destroy_process_group()
     except BaseException as exc:  # reported to the parent, which raises it in the test
-        result = ("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+        result = ("error", (failed_at or time.time(), f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
     try:
         payload = pickle.dumps(result)
     except Exception as exc:
-        payload = pickle.dumps(("error", f"rank {rank}: the return value cannot be pickled: {exc!r}"))
+        payload = pickle.dumps(("error", (time.time(), f"rank {rank}: the return value cannot be pickled: {exc!r}")))
     tmp = result_path + ".tmp"
     with open(tmp, "wb") as fh:
         fh.write(payload)
@@ -135,13 +141,15 @@ def _context() -> Any:
 
 def run_ranks(fn: Callable[..., Any], world_size: int = 2, args: Sequence[Any] = (), kwargs: dict | None = None, *,
               backend: str = "gloo", timeout: float = DEFAULT_TIMEOUT_S, threads_per_rank: int | None = None,
-              check: bool = True) -> RankJob:
+              check: bool = True, init: bool = True) -> RankJob:
     """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks inside an initialised process group.
 
     ``fn`` must be importable by a fresh process (a module-level function). Returns the job with
     every rank's return value; raises :class:`RankJobError` (with ``check``) when a rank raised,
     died, or the job ran past ``timeout`` seconds — never hangs. ``threads_per_rank`` defaults to
     the CPU count shared out between the ranks (gloo ranks on one CPU otherwise oversubscribe it).
+    ``init`` False: the process group is left to ``fn`` (torchrun's environment is set, so
+    ``init_process_group(backend)`` needs no argument), as a script that starts a probe first.
     """
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ConfigError("world_size", world_size, "an int >= 1")
@@ -161,11 +169,11 @@ def run_ranks(fn: Callable[..., Any], world_size: int = 2, args: Sequence[Any] =
         for r in range(world_size):
             p = ctx.Process(target=_rank_main, name=f"msprobe-rank{r}",
                             args=(fn, tuple(args), dict(kwargs or {}), r, world_size, port, backend, pg_timeout,
-                                  threads_per_rank, paths[r]))
+                                  threads_per_rank, init, paths[r]))
             p.start()
             procs.append(p)
         killed, failed = _wait(procs, paths, start + float(timeout))
-        failed.sort(key=lambda r: _written_at(paths[r]))  # the poll sees near-simultaneous exits in rank order
+        failed.sort(key=lambda r: _failure_time(paths[r]))  # the poll sees near-simultaneous exits in rank order
         outcomes = [_outcome(r, procs[r], paths[r], r in killed) for r in range(world_size)]
     job = RankJob(world_size, backend, time.monotonic() - start, outcomes, failed)
     if check and any(o.state != "ok" for o in outcomes):
@@ -198,10 +206,13 @@ def _wait(procs: list[Any], paths: list[str], deadline: float) -> tuple[set[int]
         procs[alive[0]].join(_POLL_S)
 
 
-def _written_at(path: str) -> float:
+def _failure_time(path: str) -> float:
+    """When the rank's function raised (from its result), else when it ended; inf without a result."""
     try:
-        return os.stat(path).st_mtime_ns / 1e9
-    except OSError:
+        with open(path, "rb") as fh:
+            state, value = pickle.load(fh)
+        return float(value[0]) if state == "error" else os.stat(path).st_mtime
+    except (OSError, EOFError, pickle.UnpicklingError, TypeError, IndexError, ValueError):
         return float("inf")
 
 
@@ -228,7 +239,7 @@ def _outcome(rank: int, proc: Any, path: str, killed: bool) -> RankOutcome:
                            "and no result")
     if state == "ok":
         return RankOutcome(rank, "ok", value=value, exitcode=proc.exitcode)
-    return RankOutcome(rank, "error", error=str(value), exitcode=proc.exitcode)
+    return RankOutcome(rank, "error", error=str(value[1]), exitcode=proc.exitcode)
 
 
 def _failure_text(job: RankJob, timeout: float) -> str:

@@ -188,6 +188,40 @@ def online_dispatch_job(dump: str, defect_rank: int | None) -> dict[str, Any]:
             "failed": [f["name"] for f in summary["failed_ops"]], "skipped": summary["skipped"]}
 
 
+# ------------------------------------------------------------------------------------ before init
+def probes_started_before_init(dump: str, defect_rank: int) -> dict[str, Any]:
+    """A script that starts free_benchmark, grad_probe and online_dispatch before calling
+    init_process_group (torchrun has set RANK/WORLD_SIZE already): files must still carry the
+    global rank, not rank 0 on every rank."""
+    from probes.pytorch import PrecisionDebugger
+    from probes.pytorch.online_dispatch import PtdbgDispatch
+
+    rank = int(os.environ["RANK"])
+    saved_expm1 = torch.expm1
+    if rank == defect_rank:
+        torch.expm1 = naive_expm1
+    try:
+        fb = PrecisionDebugger(config={"task": "free_benchmark", "dump_path": f"{dump}/fb",
+                                       "free_benchmark": {"pert_mode": "improve_precision", "list": ["expm1"]}})
+        fb.start()
+        torch.expm1(torch.linspace(1e-3, 2e-2, 8).half())
+        fb.stop()
+        model = torch.nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        gp = PrecisionDebugger(config={"task": "grad_probe", "dump_path": f"{dump}/gp", "grad_probe": {}})
+        gp.monitor(model)
+        with PtdbgDispatch(dump_mode="auto", dump_path=f"{dump}/od"):
+            model(torch.ones(3, 4)).sum().backward()
+        dist.init_process_group("gloo")
+        opt.step()
+        dist.all_reduce(torch.ones(1))
+        fb.step()
+        gp.stop()
+    finally:
+        torch.expm1 = saved_expm1
+    return {"rank": rank}
+
+
 # ------------------------------------------------------------------------------------ failures
 def skips_a_collective() -> None:
     """Rank 1 never joins rank 0's all_reduce (a collective inside a branch taken on one rank)."""

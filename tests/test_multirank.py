@@ -188,6 +188,35 @@ def test_online_dispatch_defect_on_rank1_only_and_collectives_skipped(tmp_path):
     assert merged["ops"]["multirank_jobs.rank_tanh.default"]["tests"] == ["rank1"]
 
 
+# ------------------------------------------------------------------------------------ rank lookup
+def test_probes_started_before_init_process_group_use_the_global_rank(tmp_path):
+    """Before the fix, free_benchmark wrote rank 1's rows under rank0 and both ranks one summary.json,
+    and online_dispatch named both ranks' run folders rank0."""
+    run_ranks(jobs.probes_started_before_init, 2, (str(tmp_path), 1), init=False, timeout=TIMEOUT_S)
+    fb = tmp_path / "fb"
+    assert sorted(p.name for p in fb.glob("summary*.json")) == ["summary_rank0.json", "summary_rank1.json"]
+    assert [p.relative_to(fb).as_posix() for p in fb.rglob("*.csv")] == ["step0/rank1/free_benchmark.csv"]
+    assert merge_ranks(fb, world_size=2)["flagged_ranks"] == [1]
+    assert sorted(p.name.split("_")[1] for p in (tmp_path / "od").iterdir()) == ["rank0", "rank1"]
+    assert sorted(p.name for p in (tmp_path / "gp").iterdir()) == ["rank0", "rank1"]
+
+
+@pytest.mark.parametrize("env, rank, distributed", [
+    ({}, 0, False),
+    ({"RANK": "3", "WORLD_SIZE": "4"}, 3, True),
+    ({"RANK": "0", "WORLD_SIZE": "1"}, 0, False),
+    ({"RANK": "x", "WORLD_SIZE": ""}, 0, False),
+])
+def test_rank_before_init_comes_from_the_launcher_environment(monkeypatch, env, rank, distributed):
+    from probes.backends.torch_backend import BACKEND
+
+    for name in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert (BACKEND.rank(), BACKEND.is_distributed()) == (rank, distributed)
+
+
 # ------------------------------------------------------------------------------------ torchrun
 def test_torchrun_two_ranks_same_script(tmp_path):
     """The job module as a torchrun script: torchrun sets the environment, the script calls

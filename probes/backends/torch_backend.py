@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -154,15 +155,20 @@ class TorchBackend(BackendDefaults):
             torch.cuda.set_rng_state(cuda)
 
     def rank(self) -> int:
-        """Global rank; 0 without an initialised process group (B14: no exception path)."""
+        """Global rank: the process group's; before ``init_process_group``, the ``RANK`` that
+        torchrun (or torch.distributed.launch) gave the worker, so a probe started first still
+        names its files by the global rank instead of writing rank0 on every rank; else 0.
+        No exception path (B14)."""
         dist = torch.distributed
         if dist.is_available() and dist.is_initialized():
             return dist.get_rank()
-        return 0
+        return _env_int("RANK", 0)
 
     def is_distributed(self) -> bool:
+        """An initialised process group, or a worker of a multi-process launch (WORLD_SIZE > 1)
+        that has not initialised it yet: its files must not collide with its peers'."""
         dist = torch.distributed
-        return bool(dist.is_available() and dist.is_initialized())
+        return bool(dist.is_available() and dist.is_initialized()) or _env_int("WORLD_SIZE", 1) > 1
 
     def replace_data(self, target: Any, source: Any) -> None:
         # `.data` keeps the user's tensor object and its autograd graph (fix changes forward values only)
@@ -171,3 +177,9 @@ class TorchBackend(BackendDefaults):
 
 BACKEND = TorchBackend()
 TorchBackend.autodiff = torch_autodiff  # the backward stage's hooks and VJPs (probes.backends.base.Autodiff)
+
+
+def _env_int(name: str, default: int) -> int:
+    """A non-negative integer environment variable set by the launcher, else ``default``."""
+    text = os.environ.get(name, "").strip()
+    return int(text) if text.isdigit() else default

@@ -253,15 +253,19 @@ class MindSporeBackend(BackendDefaults):
     def host_view(self, t: Any) -> np.ndarray | None:
         """A read-only NumPy view of a tensor on the CPU target (no copy), or None where NumPy
         should not compute on it (see HOST_MAX_ELEMENTS, the module docstring)."""
-        if not isinstance(t, Tensor) or t.dtype not in _HOST_VIEWABLE or t.size > HOST_MAX_ELEMENTS:
-            return None
-        if self._cpu_target is None:  # the target is fixed once MindSpore has run an operator
-            MindSporeBackend._cpu_target = ms.get_context("device_target") == "CPU"
-        if not self._cpu_target:
+        if not self._on_host(t) or t.dtype not in _HOST_VIEWABLE:
             return None
         view = t.asnumpy().view()
         view.flags.writeable = False  # asnumpy shares the tensor's memory: never write through it
         return view
+
+    def _on_host(self, t: Any) -> bool:
+        """A tensor of the CPU target small enough for NumPy (any dtype)."""
+        if not isinstance(t, Tensor) or t.size > HOST_MAX_ELEMENTS:
+            return False
+        if self._cpu_target is None:  # the target is fixed once MindSpore has run an operator
+            MindSporeBackend._cpu_target = ms.get_context("device_target") == "CPU"
+        return bool(self._cpu_target)
 
     def host_workspace(self, t: Any) -> tuple[Any, Any, Any] | None:
         """(operations, array, back) for the perturbations: they run on a NumPy view of `t`
@@ -271,7 +275,12 @@ class MindSporeBackend(BackendDefaults):
 
     def ratio_reductions(self, a: Any, b: Any, tol: float) -> Any:
         """The core formula (metrics.ratio_reductions) on NumPy views where host_view allows,
-        in the dtype to_compute would give, else on MindSpore tensors."""
+        in the dtype to_compute would give, else on MindSpore tensors. bfloat16 leaves are cast
+        to float32 by MindSpore first (one operator each; NumPy has no bfloat16): cheaper than
+        the formula's dozen operators, and NaN-aware, which MindSpore's Maximum and ReduceMax
+        are not (they drop NaN, so a NaN mismatch would be reported as a large ratio)."""
+        if (a.dtype == mstype.bfloat16 or b.dtype == mstype.bfloat16) and self._on_host(a) and self._on_host(b):
+            a, b = self.to_compute(a, b), self.to_compute(b, b)
         ha, hb = self.host_view(a), self.host_view(b)
         if ha is None or hb is None or hb.dtype.kind != "f" or ha.dtype.kind != "f":
             return super().ratio_reductions(a, b, tol)

@@ -180,6 +180,10 @@ class _GeneratorWatch:
 _WATCH = _GeneratorWatch.of_default_generator()
 
 
+def _from_host_bits_bf16(bits: Any) -> Any:
+    return _from_host(bits).view(mstype.bfloat16)
+
+
 class MindSporeBackend(BackendDefaults):
     name = "mindspore"
     Tensor = Tensor
@@ -267,9 +271,16 @@ class MindSporeBackend(BackendDefaults):
             MindSporeBackend._cpu_target = ms.get_context("device_target") == "CPU"
         return bool(self._cpu_target)
 
-    def host_workspace(self, t: Any) -> tuple[Any, Any, Any] | None:
+    def host_workspace(self, t: Any, moves_only: bool = False) -> tuple[Any, Any, Any] | None:
         """(operations, array, back) for the perturbations: they run on a NumPy view of `t`
-        with HOST_ARRAYS, and `back` turns their result into a tensor. None: use the tensor."""
+        with HOST_ARRAYS, and `back` turns their result into a tensor. None: use the tensor.
+        `moves_only` (the mode only moves elements): a bfloat16 tensor is handed over as its
+        int16 bit patterns, which also avoids MindSpore's bfloat16 ``__setitem__``, missing on
+        the CPU target."""
+        if moves_only and isinstance(t, Tensor) and t.dtype == mstype.bfloat16 and self._on_host(t):
+            bits = self.host_view(t.view(mstype.int16))
+            if bits is not None:
+                return HOST_ARRAYS, bits, _from_host_bits_bf16
         view = self.host_view(t)
         return None if view is None else (HOST_ARRAYS, view, _from_host)
 

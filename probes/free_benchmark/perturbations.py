@@ -60,10 +60,12 @@ def _identity(x: Any) -> Any:
     return x
 
 
-def _workspace(backend: Any, t: Any) -> tuple[Any, Any, Any]:
-    """(operations, values, back): where a mode computes on `t` (see the module docstring)."""
+def _workspace(backend: Any, t: Any, moves_only: bool = False) -> tuple[Any, Any, Any]:
+    """(operations, values, back): where a mode computes on `t` (see the module docstring).
+    `moves_only`: the mode only copies and moves elements, so the backend may hand over their
+    bit patterns (a dtype the host arrays lack, such as bfloat16)."""
     host = getattr(backend, "host_workspace", None)
-    found = host(t) if host is not None else None
+    found = host(t, moves_only=moves_only) if host is not None else None
     return found if found is not None else (backend, t, _identity)
 
 
@@ -188,7 +190,7 @@ class ChangeValue(Perturbation):
         return None
 
     def perturb(self, t: Any) -> Any:
-        b, t, back = _workspace(self.backend, t)
+        b, t, back = _workspace(self.backend, t, moves_only=True)
         x = b.clone(t)
         first, last = ((0,), (-1,)) if len(b.shape(t)) == 1 else ((0, 0), (-1, -1))
         a, z = b.clone(t[first]), b.clone(t[last])

@@ -14,9 +14,11 @@ NumPy's array-API namespace for a few microseconds each. So for float16/32/64 (N
 bfloat16) and integer tensors of up to HOST_MAX_ELEMENTS elements, the comparison figures
 (ratio_reductions, any_differ) and the perturbations (host_workspace) are computed with NumPy and
 give the same values: elementwise IEEE arithmetic and exact max/min reductions, the same in both.
-NumPy is single-threaded, so bigger tensors, where MindSpore's multi-threaded kernels win and the
-dispatch cost no longer matters, and other device targets (where asnumpy is a real copy) keep the
-MindSpore path.
+bfloat16, which NumPy lacks, is cast to float32 by MindSpore before its ratio figures (one
+operator) and handed to change_value as int16 bit patterns; its add_noise / bit_noise stay on
+MindSpore tensors. NumPy is single-threaded, so bigger tensors, where MindSpore's multi-threaded
+kernels win and the dispatch cost no longer matters, and other device targets (where asnumpy is a
+real copy) keep the MindSpore path.
 """
 
 from __future__ import annotations

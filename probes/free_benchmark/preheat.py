@@ -158,13 +158,16 @@ class Preheat:
         st = self.apis.get(api)
         return st is None or st.phase != DONE
 
-    def end_step(self) -> None:
-        """Adjust every API sampled in the step that ends."""
-        for st in self.apis.values():
+    def end_step(self) -> list[str]:
+        """Adjust every API sampled in the step that ends; the APIs whose preheat just ended."""
+        ended = []
+        for api, st in self.apis.items():
             st.close_step()
             st.step = None
             if st.phase == SAMPLING and len(st.sampling_steps) >= self.preheat_step:
                 st.phase = DONE
+                ended.append(api)
+        return ended
 
     def describe(self, api: str) -> dict[str, Any] | None:
         st = self.apis.get(api)

@@ -200,7 +200,10 @@ class FreeBenchmarkProbe:
         if self.backward is not None:
             self.backward.end_step()
         if self.preheat is not None:
-            self.preheat.end_step()
+            for api in self.preheat.end_step():
+                learned = {d: s["threshold"] for d, s in self.preheat.describe(api)["dtypes"].items()}
+                log.info("free_benchmark: preheat of %s ended after step %s; thresholds %s", api,
+                         self.current_step, learned)
         self.refresh()
 
     # the per-call path -------------------------------------------------------------------------

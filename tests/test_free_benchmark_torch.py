@@ -371,13 +371,6 @@ def test_strict_mode_raises_probe_errors(fb_config, monkeypatch):
         run(cfg, lambda: torch.square(torch.ones(4, dtype=torch.float16)))
 
 
-@pytest.mark.parametrize("section, key", [
-    ({"if_preheat": True}, "free_benchmark.if_preheat"),
-])
-def test_features_of_later_releases_are_refused_clearly(fb_config, section, key):
-    with pytest.raises(ConfigError, match=key):
-        PrecisionDebugger(config=fb_config(**section))
-
 
 def test_rows_kept_in_memory_are_capped_but_the_csv_gets_all(fb_config, monkeypatch, tmp_path):
     from probes.free_benchmark import service

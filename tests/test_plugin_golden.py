@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 SUITE = '''
 import os
 import pytest

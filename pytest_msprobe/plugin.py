@@ -27,7 +27,7 @@ AVAILABLE_TASKS = TASKS
 FAIL_ON = ("risk", "never")
 DEVICES = ("auto", "npu", "cuda", "cpu")
 # fixtures that run a probe themselves: a test using one is not also run under the session's probe
-TOOL_FIXTURES = ("free_benchmark", "grad_probe", "online_dispatch", "msprobe_api_case")
+TOOL_FIXTURES = ("free_benchmark", "grad_probe", "online_dispatch", "msprobe_api_case", "msprobe_distributed")
 _SESSION_KEY = pytest.StashKey["MsprobeSession"]()
 _OPTIONS_KEY = pytest.StashKey["MsprobeOptions"]()
 _RUNS_KEY = pytest.StashKey[list]()  # the tool fixtures' runs of a test, for its golden check

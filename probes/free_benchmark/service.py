@@ -179,7 +179,7 @@ class FreeBenchmarkProbe:
     # lifecycle -----------------------------------------------------------------------------
     def refresh(self) -> None:
         """Recompute whether calls are probed now (step and rank filters, spec §2.1 minus B25)."""
-        if self.rank is None:
+        if self.rank is None or not self.distributed:  # a process group may start after the probe
             self.rank = self.backend.rank()
             self.distributed = self.backend.is_distributed()
         steps = self.config.step

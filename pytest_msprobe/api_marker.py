@@ -98,7 +98,7 @@ def generate(metafunc: pytest.Metafunc) -> None:
 
 def run_case(case: ApiCase, options: Any, nodeid: str, dump_path: Any) -> None:
     """The property test of one case: raises AssertionError (after shrinking) on a flagged example."""
-    from hypothesis import HealthCheck, given, settings
+    from hypothesis import HealthCheck, Phase, given, settings
 
     from pytest_msprobe.api_inputs import api_spec, canonical_name, resolve_api
     from pytest_msprobe.strategies import api_inputs
@@ -126,7 +126,9 @@ def run_case(case: ApiCase, options: Any, nodeid: str, dump_path: Any) -> None:
         dispatch = PtdbgDispatch(dump_mode="auto", dump_path=str(Path(dump_path) / "online_dispatch"))
     original = resolve_api(case.api)  # before the probe starts: the API itself
 
+    # no "explain" phase: it re-runs a failing example hundreds of times (~10 s) to annotate lines
     @settings(max_examples=case.examples, deadline=None, database=None, print_blob=True,
+              phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                      HealthCheck.function_scoped_fixture])
     @given(inputs=strategy)

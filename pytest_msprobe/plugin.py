@@ -85,6 +85,16 @@ class MsprobeOptions:
         if self.device_choice in ("cuda", "npu"):  # asked for explicitly: it must be there
             self.device  # noqa: B018 - resolve now, so a missing device stops the run before any test
 
+    def _file_has_dump_path(self) -> bool:
+        """Whether the config file names its own dump_path (else the plugin's default applies)."""
+        if self.cfg_file is None:
+            return False
+        try:
+            raw = json.loads(Path(self.cfg_file).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return True  # load_config reports the file's problem itself
+        return isinstance(raw, dict) and raw.get("dump_path") is not None
+
     def _check_config_task(self) -> None:
         """A config written for another task does not fit: say so before any test runs."""
         try:
@@ -114,7 +124,7 @@ class MsprobeOptions:
         from probes.core.errors import ConfigError
 
         raw_dump = dump_path
-        if raw_dump is None and (self.dump_given or self.cfg_file is None):
+        if raw_dump is None and (self.dump_given or not self._file_has_dump_path()):
             raw_dump = self.root
         try:
             return load_config(self.cfg_file, task=task, overrides=overrides or None,
@@ -139,6 +149,11 @@ def pytest_configure(config: pytest.Config) -> None:
     if options.task is None:
         return
     probe_config = options.probe_config(options.task)
+    if options.task == "free_benchmark" and probe_config.free_benchmark.if_preheat:
+        raise pytest.UsageError(
+            f"--msprobe-config {options.cfg_file}: free_benchmark.if_preheat=true does not fit --msprobe-task: "
+            "each test is one probe run without training steps, and preheat needs a census step and "
+            "preheat_step sampling steps; allowed: if_preheat false here (use preheat in a training script)")
     config.stash[_SESSION_KEY] = MsprobeSession(config, probe_config, options.fail_on)
 
 

@@ -92,11 +92,13 @@ def test_without_task_nothing_is_probed(suite):
 @pytest.mark.parametrize("args, message", [
     (["--msprobe-task=statistics"], "--msprobe-task='statistics' is not a task; allowed: free_benchmark"),
     (["--msprobe-task=free_benchmark", "--msprobe-fail-on=sometimes"], "--msprobe-fail-on='sometimes'; allowed: risk"),
+    (["--msprobe-task=free_benchmark", "--msprobe-config=preheat.json"], "free_benchmark.if_preheat=true does not fit"),
     (["--msprobe-task=grad_probe", "--msprobe-config=fb.json"],
      "is a 'free_benchmark' config (its \"task\" key) but --msprobe-task=grad_probe"),
 ])
 def test_usage_errors_name_the_option(suite, args, message):
     (suite.path / "fb.json").write_text('{"task": "free_benchmark"}')
+    (suite.path / "preheat.json").write_text('{"task": "free_benchmark", "free_benchmark": {"if_preheat": true}}')
     result = suite.runpytest_subprocess(*args, "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert message in result.stderr.str()

@@ -17,6 +17,7 @@ import seeded_backward
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from training_loops import train
 
 from probes.core.config import load_config
 from probes.core.errors import ProbeError
@@ -267,55 +268,13 @@ def test_memory_is_flat_over_200_steps(fb_config):
 # --- PyTorch: the user's training is untouched ----------------------------------------------------
 
 
-class _Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1 = nn.Linear(12, 24)
-        self.bn = nn.BatchNorm1d(24)
-        self.drop = nn.Dropout(0.2)
-        self.fc2 = nn.Linear(24, 3)
-
-    def forward(self, x):
-        return self.fc2(self.drop(F.gelu(self.bn(self.fc1(x))))).softmax(-1)
-
-
-def _train(cfg, dtype, steps: int = 3):
-    torch.manual_seed(7)
-    model = _Net().to(dtype)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    x = torch.randn(16, 12, dtype=dtype)
-    target = torch.randint(0, 3, (16,))
-    dbg = PrecisionDebugger(config=cfg) if cfg else None
-    losses, grads = [], []
-    for _ in range(steps):
-        if dbg:
-            dbg.start()
-        opt.zero_grad()
-        loss = F.nll_loss(model(x).float().log(), target)
-        loss.backward()
-        grads.append([p.grad.clone() for p in model.parameters()])
-        opt.step()
-        losses.append(loss.detach().clone())
-        if dbg:
-            dbg.stop()
-            dbg.step()
-    return losses, grads, [p.detach().clone() for p in model.state_dict().values()], torch.rand(3), dbg
-
-
 @pytest.mark.parametrize("mode, dtype", [("no_change", torch.float32), ("add_noise", torch.float32),
                                          ("improve_precision", torch.bfloat16)])
 def test_backward_check_leaves_training_bit_identical(fb_config, mode, dtype):
     cfg = bw_config(fb_config, pert_mode=mode, list=["linear", "batch_norm", "gelu", "softmax", "dropout"])
-    plain = _train(None, dtype)
-    probed = _train(cfg, dtype)
-    for a, b in zip(plain[0], probed[0]):
-        assert torch.equal(a, b), f"loss changed under {mode}"
-    for ga, gb in zip(plain[1], probed[1]):
-        assert all(torch.equal(a, b) for a, b in zip(ga, gb)), f"gradients changed under {mode}"
-    for a, b in zip(plain[2], probed[2]):  # parameters, BatchNorm running stats
-        assert torch.equal(a, b), f"model state changed under {mode}"
-    assert torch.equal(plain[3], probed[3]), "the random stream after training changed"
-    apis = probed[4].summary()["apis"]
+    probed = train(cfg, dtype=dtype)
+    train(None, dtype=dtype).assert_identical(probed, f"under {mode}")
+    apis = probed.debugger.summary()["apis"]
     assert apis["Functional.batch_norm"]["checked"] == 3 and apis["Functional.linear"]["checked"] == 6
 
 

@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 import seeded
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
+from training_loops import train
 
 from probes.free_benchmark import preheat as ph
 from probes.pytorch import PrecisionDebugger
@@ -248,49 +247,10 @@ def test_backward_stage_keeps_default_thresholds_and_says_so(fb_config):
     assert not note["applied"] and "backward" in note["note"]
 
 
-class _Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1 = nn.Linear(12, 24)
-        self.bn = nn.BatchNorm1d(24)
-        self.drop = nn.Dropout(0.2)
-        self.fc2 = nn.Linear(24, 3)
-
-    def forward(self, x):
-        return self.fc2(self.drop(F.gelu(self.bn(self.fc1(x))))).softmax(-1)
-
-
-def _train(cfg: dict | None, steps: int = 5):
-    torch.manual_seed(7)
-    model = _Net().to(torch.bfloat16)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    x = torch.randn(16, 12, dtype=torch.bfloat16)
-    target = torch.randint(0, 3, (16,))
-    dbg = PrecisionDebugger(config=cfg) if cfg else None
-    losses = []
-    for _ in range(steps):
-        if dbg:
-            dbg.start()
-        opt.zero_grad()
-        loss = F.nll_loss(model(x).float().log(), target)
-        loss.backward()
-        opt.step()
-        losses.append(loss.detach().clone())
-        if dbg:
-            dbg.stop()
-            dbg.step()
-    return losses, [p.detach().clone() for p in model.state_dict().values()], torch.rand(3), dbg
-
-
 def test_check_mode_with_preheat_leaves_training_bit_identical(fb_config):
-    plain = _train(None)
-    probed = _train(_cfg(fb_config, pert_mode="add_noise", preheat_step=2, max_sample=3))
-    for a, b in zip(plain[0], probed[0]):
-        assert torch.equal(a, b)
-    for a, b in zip(plain[1], probed[1]):  # parameters and BatchNorm running statistics
-        assert torch.equal(a, b)
-    assert torch.equal(plain[2], probed[2])  # the random stream continues as without the probe
-    apis = probed[3].summary()["apis"]
+    probed = train(_cfg(fb_config, pert_mode="add_noise", preheat_step=2, max_sample=3), 5, torch.bfloat16)
+    train(None, 5, torch.bfloat16).assert_identical(probed, "with preheat")
+    apis = probed.debugger.summary()["apis"]
     sampled = [k for k, v in apis.items() if any(d["samples"] for d in (v["preheat"] or {}).get("dtypes", {}).values())]
     assert "Functional.batch_norm" in sampled  # an API that updates its inputs was run on the CPU too
-    assert probed[3].summary()["errors"] == []
+    assert probed.debugger.summary()["errors"] == []

@@ -10,6 +10,7 @@ import seeded
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from training_loops import train
 
 from probes.core.errors import ConfigError, ProbeError
 from probes.core.records import FREE_BENCHMARK_COLUMNS
@@ -147,53 +148,13 @@ def test_inplace_out_and_random_apis_are_not_rerun(fb_config):
 # --- the user's training is untouched -----------------------------------------------------------
 
 
-class _Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1 = nn.Linear(12, 24)
-        self.bn = nn.BatchNorm1d(24)
-        self.drop = nn.Dropout(0.2)
-        self.fc2 = nn.Linear(24, 3)
-
-    def forward(self, x):
-        return self.fc2(self.drop(F.gelu(self.bn(self.fc1(x))))).softmax(-1)
-
-
-def _train(probe_config: dict | None, steps: int = 3, dtype=torch.float32):
-    torch.manual_seed(7)
-    model = _Net().to(dtype)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    x = torch.randn(16, 12, dtype=dtype)
-    target = torch.randint(0, 3, (16,))
-    dbg = PrecisionDebugger(config=probe_config) if probe_config else None
-    losses = []
-    for _ in range(steps):
-        if dbg:
-            dbg.start()
-        opt.zero_grad()
-        loss = F.nll_loss(model(x).float().log(), target)
-        loss.backward()
-        opt.step()
-        losses.append(loss.detach().clone())
-        if dbg:
-            dbg.stop()
-            dbg.step()
-    return losses, [p.detach().clone() for p in model.state_dict().values()], torch.rand(3)
-
-
 @pytest.mark.parametrize("mode", ["improve_precision", "add_noise", "bit_noise", "change_value", "no_change", "to_cpu"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_check_mode_leaves_training_bit_identical(fb_config, mode, dtype):
     section = {"pert_mode": mode}
     if mode == "to_cpu":
         section["fuzz_device"] = "cpu"
-    plain = _train(None, dtype=dtype)
-    probed = _train(fb_config(**section), dtype=dtype)
-    for a, b in zip(plain[0], probed[0]):
-        assert torch.equal(a, b), f"loss changed under {mode}: {a} vs {b}"
-    for a, b in zip(plain[1], probed[1]):  # parameters, BatchNorm running stats
-        assert torch.equal(a, b), f"model state changed under {mode}"
-    assert torch.equal(plain[2], probed[2]), "the random stream after training changed"
+    train(None, dtype=dtype).assert_identical(train(fb_config(**section), dtype=dtype), f"under {mode}")
 
 
 # --- every mode: a seeded defect it catches, a clean case it passes ------------------------------

@@ -135,3 +135,10 @@ def pytest_runtest_teardown(item):
     out = result.stdout.str()
     assert "online_dispatch: bad_tanh" in out and "disagrees with the CPU reference" in out
     assert "inputs=((tensor(" in out and "@reproduce_failure" in out
+
+
+def test_generated_tests_run_their_own_probe_under_a_session_task(suite):
+    result = suite.runpytest_subprocess("-p", "no:cacheprovider", "--msprobe-task=free_benchmark",
+                                        f"--msprobe-dump-path={suite.path / 'out'}", "-k", "softmax or expm1")
+    result.assert_outcomes(passed=3, failed=1)  # the same verdicts as without the session task
+    assert "already running" not in result.stdout.str()

@@ -166,11 +166,15 @@ class BackwardCheck:
         if isinstance(pert, Cancelled):
             probe._skip(call.key, pert.reason)
             return
+        # the perturbed (e.g. float32) inputs are built again after the original VJP, so they and
+        # the original recomputation's graph are never alive together (peak memory)
+        pert = None
         after = b.rng_snapshot(None)
         try:
             with self.autodiff.recompute(call.context):
                 b.rng_restore(call.rng)
                 g_orig = self._vjp(call, call.args, call.kwargs, cotangents)
+                pert = probe.perturbation.build(call.args, call.kwargs)
                 b.rng_restore(call.rng)
                 g_pert = self._vjp(call, pert.args, pert.kwargs, cotangents)
         finally:

@@ -68,15 +68,6 @@ def _f64(xp: Any, a: Any) -> Any:
     return a if a.dtype == xp.float64 else xp.astype(a, xp.float64)
 
 
-def _chunks(a: Any, b: Any):
-    n = a.shape[0]
-    if n <= CHUNK_ELEMENTS:
-        yield a, b
-        return
-    for start in range(0, n, CHUNK_ELEMENTS):
-        yield a[start : start + CHUNK_ELEMENTS], b[start : start + CHUNK_ELEMENTS]
-
-
 def _finite_chunk(xp: Any, dev: Any, ref: Any) -> Any:
     """Figures of one chunk, assuming every element is finite (a non-finite element makes some
     figure non-finite, which sends the leaf to `_masked_figures`). `ref` is float64; `dev` may be
@@ -123,7 +114,7 @@ def leaf_figures(xp: Any, dev: Any, ref: Any) -> Any:
     """
     if dev.dtype == xp.bool:
         dev = xp.astype(dev, xp.float64)
-    parts = [_finite_chunk(xp, cd, _f64(xp, cr)) for cd, cr in _chunks(dev, ref)]
+    parts = [_finite_chunk(xp, cd, _f64(xp, cr)) for cd, cr in metrics.iter_chunks(xp, dev, ref, CHUNK_ELEMENTS)]
     return _combine(xp, parts)
 
 

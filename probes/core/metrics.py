@@ -19,16 +19,17 @@ from typing import Any
 CHUNK_ELEMENTS = 1 << 18
 
 
-def iter_chunks(xp: Any, a: Any, b: Any):
-    """Matching flat chunks of a and b (one chunk up to CHUNK_ELEMENTS elements)."""
+def iter_chunks(xp: Any, a: Any, b: Any, chunk: int | None = None):
+    """Matching flat chunks of a and b (one chunk up to `chunk` elements, CHUNK_ELEMENTS by default)."""
+    chunk = CHUNK_ELEMENTS if chunk is None else chunk
     flat_a = xp.reshape(a, (-1,))
     flat_b = xp.reshape(b, (-1,))
     n = flat_a.shape[0]
-    if n <= CHUNK_ELEMENTS:
+    if n <= chunk:
         yield flat_a, flat_b
         return
-    for start in range(0, n, CHUNK_ELEMENTS):
-        yield flat_a[start : start + CHUNK_ELEMENTS], flat_b[start : start + CHUNK_ELEMENTS]
+    for start in range(0, n, chunk):
+        yield flat_a[start : start + chunk], flat_b[start : start + chunk]
 
 
 def ratio_reductions(xp: Any, a: Any, b: Any, tol: float) -> Any:

@@ -164,14 +164,25 @@ class OnlineDispatchRun(ToolRun):
         from probes.pytorch.online_dispatch import PtdbgDispatch
 
         self._handle = PtdbgDispatch(**dispatch_arguments(config, overrides))
+        self._entered = False
 
     def _start(self) -> None:
         self._handle.__enter__()
+        self._entered = True
 
     def __exit__(self, *exc: Any) -> None:
+        self._exit(*exc)
+
+    def close(self) -> None:
+        """Leave the dispatch mode if the test left the block open, then read the results."""
+        self._exit(None, None, None)
+
+    def _exit(self, *exc: Any) -> None:
         if not self._closed:
             self._closed = True
-            self._handle.__exit__(*exc)
+            if self._entered:
+                self._entered = False
+                self._handle.__exit__(*exc)
             self._finish()
 
     def _finish(self) -> None:

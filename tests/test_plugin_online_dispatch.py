@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 SUITE = '''
+import pytest
 import torch
 import seeded_dispatch
 
@@ -29,6 +30,15 @@ def test_fixture(online_dispatch):
         torch.ops.seeded_dispatch.scaled_tanh(torch.linspace(-1, 1, 8))
     assert [f["op"] for f in bad.failing_ops] == ["seeded_dispatch.scaled_tanh.default"]
     bad.assert_clean()
+
+def test_block_left_open(online_dispatch):
+    online_dispatch().__enter__()
+    torch.ones(3).exp()
+
+@pytest.mark.msprobe_off
+def test_after_open_block_no_dispatch_mode_is_left():
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+    assert _get_current_dispatch_mode() is None
 '''
 
 
@@ -44,7 +54,7 @@ def test_whole_suite_and_fixture(suite):
     dump = suite.path / "out"
     result = suite.runpytest_subprocess("-p", "no:cacheprovider", "--msprobe-task=online_dispatch",
                                         f"--msprobe-dump-path={dump}")
-    result.assert_outcomes(passed=1, failed=2)
+    result.assert_outcomes(passed=3, failed=2)
     result.stdout.fnmatch_lines([
         "*online_dispatch found 1 failing op call(s) in test_od_suite.py::test_defective_kernel*",
         "*seeded_dispatch.scaled_tanh.default*Cosine*MaxAbsErr*",

@@ -118,7 +118,6 @@ def run_case(case: ApiCase, options: Any, nodeid: str, dump_path: Any) -> None:
     config = options.probe_config("free_benchmark", dump_path, overrides)
     strategy = api_inputs(case.api, case.dtype, shapes=case.shapes, kwargs=case.kwargs, device=options.device)
     debugger = PrecisionDebugger(config=config)
-    seen = {"rows": 0, "checked": 0}
     dispatch = None
     if case.online_dispatch or (case.online_dispatch is None and options.device != "cpu"):
         from probes.pytorch.online_dispatch import PtdbgDispatch
@@ -162,8 +161,7 @@ def run_case(case: ApiCase, options: Any, nodeid: str, dump_path: Any) -> None:
         if dispatch is not None:
             dispatch.close()
         summary = debugger.summary()
-        seen["checked"] = summary["apis"].get(key, {}).get("checked", 0)
-    if seen["checked"] == 0:
+    if summary["apis"].get(key, {}).get("checked", 0) == 0:
         reasons = [r for r, apis in summary["not_checked"].items() if key in apis] + [
             e["error"] for e in summary["errors"]]
         pytest.fail(f"{case.api} was never checked under {case.pert_mode} ({case.dtype}): "

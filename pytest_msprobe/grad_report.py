@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from pytest_msprobe.reporting import text_table
+
 NONFINITE_KEPT = 50
 
 
@@ -70,7 +72,5 @@ def table_lines(table: dict[str, dict[str, Any]], results: list[tuple[str, dict[
     header = ("parameter", "non-finite steps", "first", "tests affected")
     rows = [(p, str(t["nonfinite_steps"]), t["first"], str(len(t["tests"])))
             for p, t in sorted(table.items(), key=lambda kv: (-kv[1]["nonfinite_steps"], kv[0]))]
-    widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
-    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    return ([fmt.format(*header), fmt.format(*("-" * w for w in widths))] + [fmt.format(*r) for r in rows]
+    return (text_table(header, rows)
             + [f"{optimizers} optimizer(s), {param_steps} parameter-steps checked in {len(results)} test(s)"])

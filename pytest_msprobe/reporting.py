@@ -80,6 +80,11 @@ def risky_table_lines(table: dict[str, dict[str, Any]]) -> list[str]:
     header = ("API", "calls checked", "inconsistent", "worst max_rel", "threshold", "tests affected")
     rows = [(api, str(t["checked"]), str(t["flagged"]), _shown(t["worst_max_rel"]), _shown(t["threshold"]),
              str(len(t["tests"]))) for api, t in risky]
+    return text_table(header, rows)
+
+
+def text_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    """A left-aligned fixed-width table (header, dashes, rows) for the terminal summary."""
     widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     return [fmt.format(*header), fmt.format(*("-" * w for w in widths))] + [fmt.format(*r) for r in rows]

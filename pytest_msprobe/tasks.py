@@ -10,7 +10,13 @@ from __future__ import annotations
 from typing import Any
 
 from pytest_msprobe import grad_report
-from pytest_msprobe.reporting import failure_message, merge_api_tables, risky_table_lines, sort_figure
+from pytest_msprobe.reporting import (
+    failure_message,
+    merge_api_tables,
+    risky_table_lines,
+    sort_figure,
+    text_table,
+)
 
 
 class FreeBenchmarkTask:
@@ -18,17 +24,13 @@ class FreeBenchmarkTask:
     table_title = "risky APIs"
 
     def start(self, framework: str, config: Any) -> Any:
-        if framework == "mindspore":
-            from probes.mindspore import PrecisionDebugger
-        else:
-            from probes.pytorch import PrecisionDebugger
-        debugger = PrecisionDebugger(config=config)
-        debugger.start()
-        return debugger
+        from pytest_msprobe.tool_runs import FreeBenchmarkRun
 
-    def finish(self, debugger: Any) -> dict[str, Any]:
-        debugger.stop()
-        summary = debugger.summary()
+        return FreeBenchmarkRun(framework, config, "").__enter__()
+
+    def finish(self, run: Any) -> dict[str, Any]:
+        run.close()
+        summary = run.summary
         result = {k: summary[k] for k in ("apis", "flagged", "csv_files", "errors", "config")}
         result["flagged"] = result["flagged"][:50]
         result["framework"] = summary.get("framework", "")
@@ -74,19 +76,13 @@ class GradProbeTask:
     table_title = "non-finite gradients"
 
     def start(self, framework: str, config: Any) -> Any:
-        if framework == "mindspore":
-            from probes.grad_probe.mindspore_watch import MindSporeOptimizerWatch as Watch
-        else:
-            from probes.grad_probe.torch_watch import TorchOptimizerWatch as Watch
-        return Watch(config).start()
+        from pytest_msprobe.tool_runs import GradProbeRun
 
-    def finish(self, watch: Any) -> dict[str, Any]:
-        from probes.grad_probe.health import nonfinite_gradients
+        return GradProbeRun(framework, config, "").__enter__()
 
-        watch.stop()
-        summary = watch.summary()
-        summary["nonfinite"] = [f.to_dict() for f in nonfinite_gradients(watch.config.dump_path)]
-        return grad_report.compact(summary)
+    def finish(self, run: Any) -> dict[str, Any]:
+        run.close()
+        return grad_report.compact(dict(run.summary, nonfinite=[f.to_dict() for f in run.nonfinite]))
 
     def flagged(self, result: dict[str, Any]) -> list[str]:
         return sorted({f["param"] for f in result["nonfinite"]})
@@ -130,7 +126,7 @@ class OnlineDispatchTask:
         if run is None:
             return {"ops_compared": 0, "failing_ops": [], "failed_total": 0, "errors": [], "csv_path": None,
                     "summary": {}}
-        run.__exit__(None, None, None)
+        run.close()
         ops = failing_ops(run.summary)
         return {"ops_compared": run.summary.get("ops_compared", 0), "failing_ops": ops[:50], "failed_total": len(ops),
                 "errors": sorted(run.summary.get("probe_errors", {})), "csv_path": run.summary.get("csv_path"),
@@ -177,9 +173,7 @@ class OnlineDispatchTask:
         header = ("op", "failing calls", "worst Cosine", "worst MaxAbsErr", "tests affected")
         rows = [(op, str(t["failed"]), f"{t['worst_cosine']:.6g}", f"{t['worst_max_abs_err']:.6g}", str(len(t["tests"])))
                 for op, t in sorted(table.items(), key=lambda kv: (kv[1]["worst_cosine"], kv[0]))]
-        widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
-        fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-        return ([fmt.format(*header), fmt.format(*("-" * w for w in widths))] + [fmt.format(*r) for r in rows]
+        return (text_table(header, rows)
                 + [f"{compared} op calls compared in {len(results)} test(s)"])
 
 

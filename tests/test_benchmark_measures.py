@@ -1,0 +1,74 @@
+"""The instrument behind issue 7's memory target: benchmarks/free_benchmark_backward_overhead.py
+reads a step's tensor high-water mark from the CPU allocator's events. If it summed allocations,
+or missed frees, the benchmark's `mem x` would be meaningless, so it is checked against known
+allocation patterns here."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import free_benchmark_backward_overhead as bench  # noqa: E402
+
+MIB = 2**20
+
+
+def _floats(mib: int) -> torch.Tensor:
+    return torch.ones(mib * MIB // 4, dtype=torch.float32)
+
+
+def test_peak_counts_tensors_alive_together():
+    def together() -> None:
+        a = _floats(1)
+        b = _floats(2)
+        del a, b
+
+    peak = bench.tensor_peak_bytes(together)
+    assert peak is not None
+    assert 3 * MIB <= peak < 3 * MIB + 64 * 1024
+
+
+def test_peak_is_a_high_water_mark_not_a_total():
+    def one_after_another() -> None:
+        for _ in range(5):
+            t = _floats(2)
+            del t
+
+    peak = bench.tensor_peak_bytes(one_after_another)
+    assert peak is not None
+    assert 2 * MIB <= peak < 2 * MIB + 64 * 1024
+
+
+def test_frees_of_older_tensors_are_not_subtracted():
+    """The profiler cannot size a block allocated before it started, so the measure is an upper
+    bound of the step's own growth (the same bias for the plain and the probed step)."""
+    old = [_floats(4)]
+
+    def free_then_allocate() -> None:
+        old.clear()
+        t = _floats(3)
+        del t
+
+    peak = bench.tensor_peak_bytes(free_then_allocate)
+    assert peak is not None
+    assert 3 * MIB <= peak < 3 * MIB + 64 * 1024
+
+
+def test_persistent_bytes_counts_weights_gradients_and_optimizer_state():
+    model = torch.nn.Linear(16, 8)
+    opt = torch.optim.Adam(model.parameters())
+    x, y = torch.randn(4, 16), torch.randn(4, 8)
+    holder = type("B", (), {"model": model, "opt": opt, "x": x, "y": y})()
+    n_params = sum(p.numel() for p in model.parameters())
+    before = bench.persistent_bytes(holder)
+    assert before == 4 * (n_params + x.numel() + y.numel())
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+    after = bench.persistent_bytes(holder)
+    # + gradients + exp_avg + exp_avg_sq (+ the step counters)
+    assert after >= before + 3 * 4 * n_params

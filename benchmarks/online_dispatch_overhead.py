@@ -10,6 +10,7 @@ re-run alone costs about that much, a floor under ``time x`` on a CPU-only machi
     python benchmarks/online_dispatch_overhead.py                 # tiny + medium, auto, 5 repeats
     python benchmarks/online_dispatch_overhead.py --quick         # 3 repeats
     python benchmarks/online_dispatch_overhead.py --process-num 0,1 --models medium --reuse   # the worker pool
+    python benchmarks/online_dispatch_overhead.py --background off,on --threads 1              # inline vs thread
 
 See benchmarks/README.md for how to read the table.
 """
@@ -81,7 +82,8 @@ def _timed(fn: Any) -> float:
 
 
 def time_model(name: str, dump_mode: str, process_num: int, repeats: int, warmup: int, dump_root: str,
-               reuse: bool = False) -> list[dict[str, Any]]:
+               reuse: bool = False, background: bool | str = "auto") -> list[dict[str, Any]]:
+    from probes.online_dispatch.workers import use_reference_thread
     from probes.pytorch.online_dispatch import PtdbgDispatch
 
     bench = Pass(name)
@@ -99,15 +101,16 @@ def time_model(name: str, dump_mode: str, process_num: int, repeats: int, warmup
             times["forward"][key].append(tf)
             times["backward"][key].append(tb)
 
-    shared = [PtdbgDispatch(dump_mode=dump_mode, dump_path=dump_root, process_num=process_num) for _ in range(2)]
+    shared = [PtdbgDispatch(dump_mode=dump_mode, dump_path=dump_root, process_num=process_num, background=background)
+              for _ in range(2)]
 
     def probed(store: bool) -> None:
         holder: dict[str, Any] = {}
         if reuse:  # one object per phase for the whole run (worker processes started once)
             fwd, bwd = shared
         else:  # a new context per pass, as `with PtdbgDispatch(...)` is usually written
-            fwd = PtdbgDispatch(dump_mode=dump_mode, dump_path=dump_root, process_num=process_num)
-            bwd = PtdbgDispatch(dump_mode=dump_mode, dump_path=dump_root, process_num=process_num)
+            fwd, bwd = (PtdbgDispatch(dump_mode=dump_mode, dump_path=dump_root, process_num=process_num,
+                                      background=background) for _ in range(2))
         before = [d.results.summary() if d.results is not None else None for d in (fwd, bwd)]
 
         def run_fwd() -> None:
@@ -143,6 +146,7 @@ def time_model(name: str, dump_mode: str, process_num: int, repeats: int, warmup
         p, q, f = statistics.median(t["plain"]), statistics.median(t["probed"]), statistics.median(t["f64"])
         rows.append({
             "model": name, "phase": phase, "dump_mode": dump_mode, "process_num": process_num, "reuse": reuse,
+            "thread": process_num == 0 and use_reference_thread(background),
             "plain_ms": p * 1e3, "probed_ms": q * 1e3, "time_ratio": q / p,
             "time_ratio_min": min(t["probed"]) / min(t["plain"]), "f64_ratio": f / p,
             "plain_noise": max(t["plain"]) / min(t["plain"]),
@@ -155,14 +159,15 @@ def time_model(name: str, dump_mode: str, process_num: int, repeats: int, warmup
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    head = ("model", "phase", "mode", "proc", "plain ms", "probed ms", "time x", "target", "", "min x", "f64 x",
+    head = ("model", "phase", "mode", "proc", "thread", "plain ms", "probed ms", "time x", "target", "", "min x", "f64 x",
             "noise", "ops/pass", "failed", "errors")
-    widths = (7, 9, 5, 4, 8, 9, 6, 6, 4, 6, 5, 5, 8, 6, 6)
+    widths = (7, 9, 5, 4, 6, 8, 9, 6, 6, 4, 6, 5, 5, 8, 6, 6)
     cells = []
     for r in rows:
         t = r["target"]
         cells.append((
-            r["model"], r["phase"], r["dump_mode"], str(r["process_num"]), fmt(r["plain_ms"], ".1f"),
+            r["model"], r["phase"], r["dump_mode"], str(r["process_num"]), "yes" if r["thread"] else "no",
+            fmt(r["plain_ms"], ".1f"),
             fmt(r["probed_ms"], ".1f"), fmt(r["time_ratio"], ".2f"), "-" if t is None else f"<={t:g}",
             verdict(r["time_ratio"], t), fmt(r["time_ratio_min"], ".2f"), fmt(r["f64_ratio"], ".2f"),
             fmt(r["plain_noise"], ".1f"), fmt(r["ops_per_pass"], ".0f"), str(r["failed_ops"]), str(r["probe_errors"]),
@@ -175,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default="tiny,medium")
     ap.add_argument("--dump-mode", default="auto", choices=("OFF", "auto", "all"))
     ap.add_argument("--process-num", default="0", help="comma-separated, e.g. 0,1")
+    ap.add_argument("--background", default="auto",
+                    help="comma-separated PtdbgDispatch(background=...) values: auto, on, off (e.g. off,on)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--quick", action="store_true", help="3 repeats")
@@ -195,7 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for model in args.models.split(","):
             for pn in (int(v) for v in args.process_num.split(",")):
-                rows += time_model(model, args.dump_mode, pn, repeats, args.warmup, tmp, args.reuse)
+                for bg in args.background.split(","):
+                    background = {"auto": "auto", "on": True, "off": False}[bg]
+                    rows += time_model(model, args.dump_mode, pn, repeats, args.warmup, tmp, args.reuse, background)
     elapsed = time.perf_counter() - t0
     load = other_cpu_load(snap, cpu_snapshot(), elapsed)
     print_table(rows)

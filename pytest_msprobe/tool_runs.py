@@ -138,10 +138,10 @@ class GradProbeRun(ToolRun):
 
 def dispatch_arguments(config: Any, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """PtdbgDispatch's arguments from the config's "online_dispatch" section (dump_mode, api_list,
-    process_num, debug, tag) and overrides; dump_mode defaults to "auto" (failing ops dumped)."""
+    process_num, debug, tag, background) and overrides; dump_mode defaults to "auto" (failing ops dumped)."""
     section = dict(config.extra_sections.get("online_dispatch", {}))
     section.update(overrides or {})
-    allowed = ("dump_mode", "api_list", "process_num", "debug", "tag")
+    allowed = ("dump_mode", "api_list", "process_num", "debug", "tag", "background")
     unknown = sorted(set(section) - set(allowed))
     if unknown:
         from probes.core.errors import ConfigError

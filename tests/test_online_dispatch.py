@@ -26,6 +26,18 @@ from probes.pytorch.online_dispatch import PtdbgDispatch
 XP = BACKEND.namespace(None)
 
 
+@pytest.fixture(autouse=True, params=["inline", "thread"])
+def comparison_site(request, monkeypatch):
+    """Every test runs with the comparison inline and in the reference thread: background="auto"
+    picks one by the host's cores, and both must behave the same."""
+    from probes.online_dispatch import mode
+
+    threaded = request.param == "thread"
+    monkeypatch.setattr(mode, "use_reference_thread",
+                        lambda background: threaded if background == "auto" else bool(background))
+    return request.param
+
+
 # helpers ------------------------------------------------------------------------------------------
 def read_rows(run_dir: Path) -> list[dict[str, str]]:
     (path,) = run_dir.glob("compare_result_rank*.csv")
@@ -97,6 +109,8 @@ def make_batch(dtype: torch.dtype = torch.float32, b: int = 2, t: int = 8, d: in
         ({"tag": "bad tag"}, "tag"),
         ({"tag": 5}, "tag"),
         ({"debug": "yes"}, "debug"),
+        ({"background": "yes"}, "background"),
+        ({"background": 1}, "background"),
         ({"dump_path": None}, "dump_path"),
     ],
 )
@@ -338,6 +352,22 @@ def _judge(dev, ref, dtype="float32", floor=0.0):
     return dm.judge(figs, d.numel(), dtype, floor)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.bool])
+def test_leaf_figures_over_several_chunks_match_the_direct_formula(dtype):
+    """The chunked figures equal one float64 pass over the whole leaf, and the device leaf (which
+    the chunk subtracts from in place, in its float64 copy) is never modified."""
+    torch.manual_seed(0)
+    n = 2 * dm.CHUNK_ELEMENTS + 12345
+    dev = (torch.randn(n) * 3).to(dtype) if dtype != torch.bool else torch.rand(n) > 0.5
+    ref = dev.to(torch.float64) + 1e-3 * torch.randn(n, dtype=torch.float64)
+    before = dev.clone()
+    figs = dm.leaf_figures(XP, dev, ref).tolist()
+    assert torch.equal(dev, before)
+    d = dev.to(torch.float64)
+    want = [float(d @ ref), float(d @ d), float(ref @ ref), float((d - ref).abs().max()), 0.0, float(n)]
+    assert figs == pytest.approx(want, rel=1e-9, abs=1e-12)
+
+
 def test_documented_test_vector():
     v = _judge([1.0, 2.0, 3.0], [1.0, 2.0, 3.1])
     assert dm.format_figure(v.cosine) == "0.999877767048"
@@ -471,6 +501,76 @@ def test_process_num_gives_identical_results(tmp_path):
     a, b = read_rows(serial.run_dir), read_rows(pooled.run_dir)
     assert len(a) == len(b) > 20
     assert a == b
+
+
+def test_reference_thread_gives_the_inline_csv(tmp_path):
+    """Same rows, same numbering, same figures, the same user frames for a failing op."""
+    model, x, y = make_batch(torch.float32, b=1, t=4, d=8)
+    runs = {}
+    for background in (False, True):
+        d = PtdbgDispatch(dump_path=str(tmp_path / str(background)), background=background)
+        train_pass(model, x, y, d)
+        with d:
+            torch.ops.seeded_dispatch.scaled_tanh(x)
+        runs[background] = d
+    a, b = read_rows(runs[False].run_dir), read_rows(runs[True].run_dir)
+    assert len(a) == len(b) > 20
+    assert a == b
+    assert [f["name"] for f in summary(runs[True].run_dir)["failed_ops"]] == ["scaled_tanh_1"]
+
+
+def test_reference_thread_compares_what_the_op_returned(tmp_path):
+    """The program changes the op's result in place right after the op; the thread, which may
+    run later, still compares the value the op returned."""
+    torch.manual_seed(0)
+    a, b = torch.randn(64, 64), torch.randn(64, 64)
+    with PtdbgDispatch(dump_path=str(tmp_path), background=True) as d:
+        for _ in range(8):
+            y = torch.mm(a, b)
+            y.mul_(-3.0).add_(1e3)
+    assert torch.equal(y, torch.mm(a, b).mul_(-3.0).add_(1e3))
+    s = summary(d.run_dir)
+    assert s["failed_op_count"] == 0 and s["probe_errors"] == {}
+    assert s["ops_compared"] == 24
+
+
+@pytest.mark.parametrize("raise_inside", [False, True])
+def test_no_reference_thread_outlives_its_context(tmp_path, raise_inside):
+    import threading
+
+    x = torch.randn(8, 8)
+    d = PtdbgDispatch(dump_path=str(tmp_path), background=True)
+    try:
+        with d:
+            x @ x
+            assert any(t.name.startswith("msprobe-online-dispatch") for t in threading.enumerate())
+            if raise_inside:
+                raise KeyError("user error")
+    except KeyError:
+        pass
+    assert not any(t.name.startswith("msprobe-online-dispatch") for t in threading.enumerate())
+    assert summary(d.run_dir)["ops_compared"] == 1
+    with d:  # a second context starts a new thread and goes on numbering
+        x @ x
+    assert [r["NPU Name"] for r in outputs(read_rows(d.run_dir))] == ["mm_1_output", "mm_2_output"]
+
+
+def test_background_auto_needs_idle_cores_or_an_accelerator(monkeypatch):
+    from probes.online_dispatch import workers
+
+    monkeypatch.setattr(workers, "accelerator_in_use", lambda: False)
+    monkeypatch.setattr(workers, "available_cores", lambda: 8)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(4)
+        assert workers.use_reference_thread("auto")
+        torch.set_num_threads(5)
+        assert not workers.use_reference_thread("auto")
+        assert workers.use_reference_thread(True) and not workers.use_reference_thread(False)
+        monkeypatch.setattr(workers, "accelerator_in_use", lambda: True)
+        assert workers.use_reference_thread("auto")
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_reference_dtypes_for_other_devices():

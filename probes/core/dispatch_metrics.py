@@ -47,10 +47,12 @@ FLOAT_DTYPE_NAMES = ("float16", "bfloat16", "float32", "float64")
 YES, NO, UNMATCHED, NAN = "Yes", "No", "Unmatched", "Nan"
 FAILING = (NO, UNMATCHED)
 
-# Leaves are measured in chunks of this many elements: a chunk's reference, difference and device
-# values (~640 KiB) stay in a core's L2 cache through the chunk's passes, and the per-chunk
-# Python overhead (~8 array calls) stays small next to the arithmetic.
-CHUNK_ELEMENTS = 1 << 15
+# Leaves are measured in chunks of this many elements: a chunk's reference and difference (1 MiB
+# each in float64) stay in cache through the chunk's passes, the per-chunk Python overhead (~8 array
+# calls) stays small next to the arithmetic, and each call is above the CPU's parallel grain
+# (32768 elements), so the comparison uses the same intra-op threads as the model (measured on 2
+# threads: 2.6 ms per 1M-element leaf, against 7.3 ms with chunks of 32768).
+CHUNK_ELEMENTS = 1 << 17
 
 # Layout of the figure vector of one leaf pair (device array, float64).
 # MaxRelativeErr, max/min/mean of each side (the noise floor's scale) are not here: they are
@@ -71,14 +73,16 @@ def _f64(xp: Any, a: Any) -> Any:
 def _finite_chunk(xp: Any, dev: Any, ref: Any) -> Any:
     """Figures of one chunk, assuming every element is finite (a non-finite element makes some
     figure non-finite, which sends the leaf to `_masked_figures`). `ref` is float64; `dev` may be
-    any float dtype: ``dev - ref`` promotes while it subtracts, so the device chunk is never
-    copied to float64, and the dot products come from ref and diff (dev.ref = rr + rd,
-    dev.dev = rr + 2 rd + dd, exact up to float64 rounding). Every pass over the chunk counts,
-    since this runs for every output of every op of the user's model: two elementwise passes,
-    three dot products and one maximum (measured: abs + max is cheaper than max + min)."""
-    diff = dev - ref
+    any float dtype. The difference is made in a fresh float64 buffer and subtracted in place
+    (one write, faster than a mixed-dtype subtraction), and the dot products come from ref and
+    diff (dev.ref = rr + rd, dev.dev = rr + 2 rd + dd, exact up to float64 rounding). Every pass
+    over the chunk counts, since this runs for every output of every op of the user's model:
+    one conversion, one subtraction, three dot products and two reductions (max and min need no
+    temporary, unlike abs)."""
+    diff = xp.astype(dev, xp.float64)  # copy=True: never a view of the user's tensor
+    diff -= ref
     rr, rd, dd = ref @ ref, ref @ diff, diff @ diff
-    top = xp.max(xp.abs(diff))
+    top = xp.maximum(xp.max(diff), -xp.min(diff))
     zero = top * 0.0
     return xp.stack([rr + rd, rr + 2.0 * rd + dd, rr, top, zero, zero + float(dev.shape[0])])
 

@@ -6,14 +6,20 @@ reference re-run -> figures on the reference side, one host transfer -> rows, an
 ops (auto), every op (all) or listed ops (list) the .npy dumps. Everything after the device op is
 inside a try: a probe error becomes a row's Err_message or a summary entry, never an exception
 in the user's code, and the device result is returned untouched.
+
+With `background` (default "auto": when the thread can overlap, see workers.use_reference_thread)
+the re-run and the figures run in one background thread on a private copy of the device result,
+while the user's program goes on; numbering happens in that thread in op order, rows, dumps and
+the failure record are made on the user's thread in op order, and everything is judged when the
+context exits, so the CSV is the same as inline. Otherwise they run inline, right after the op.
 """
 
 from __future__ import annotations
 
+import linecache
 import logging
 import os
 import sys
-import traceback
 import weakref
 from typing import Any
 
@@ -25,7 +31,13 @@ from probes.online_dispatch import dump, reference, skip_list, verdict
 from probes.online_dispatch.options import DispatchOptions
 from probes.online_dispatch.results import FailedOp, RunResults, leaf_summary, special_row
 from probes.online_dispatch.run_dir import create_run_dir
-from probes.online_dispatch.workers import ComparisonPool
+from probes.online_dispatch.workers import (
+    OrderedPool,
+    figures_in_worker,
+    process_pool,
+    reference_thread,
+    use_reference_thread,
+)
 
 logger = logging.getLogger("probes.online_dispatch")
 
@@ -48,24 +60,56 @@ class _OpInfo:
 
 
 class _Job:
-    """One compared op call while its figures are computed (kept for rows and dumps)."""
+    """One compared op call until it is judged (kept for rows and dumps). `prefix` and `cmp` are
+    filled in by `_prepare`, inline or in the reference thread."""
 
-    __slots__ = ("func", "info", "prefix", "cmp", "ref", "args", "kwargs", "stack")
+    __slots__ = ("func", "info", "device", "ref", "args", "kwargs", "stack", "prefix", "cmp")
 
-    def __init__(self, func: Any, info: _OpInfo, prefix: str, cmp: verdict.OpComparison, ref: reference.ReferenceCall,
-                 args: tuple, kwargs: dict, stack: str) -> None:
-        self.func, self.info, self.prefix, self.cmp, self.ref = func, info, prefix, cmp, ref
+    def __init__(self, func: Any, info: _OpInfo, device: torch.device, ref: reference.ReferenceCall,
+                 args: tuple, kwargs: dict, stack: tuple | None) -> None:
+        self.func, self.info, self.device, self.ref = func, info, device, ref
         self.args, self.kwargs, self.stack = args, kwargs, stack
+        self.prefix: str | None = None
+        self.cmp: verdict.OpComparison | None = None
+
+
+def capture_stack() -> tuple[tuple[str, int, str], ...]:
+    """The user's frames (outside torch and this package), outermost first, without their source
+    lines: cheap enough to take at every op whose judgement is deferred."""
+    frames = []
+    f: Any = sys._getframe(1)
+    while f is not None:
+        filename = f.f_code.co_filename
+        if not filename.startswith((_TORCH_DIR, _PROBES_DIR)):
+            frames.append((filename, f.f_lineno, f.f_code.co_name))
+        f = f.f_back
+    frames.reverse()
+    return tuple(frames)
+
+
+def format_stack(frames: tuple[tuple[str, int, str], ...]) -> str:
+    """The CSV's NPU_Stack_Info: [[file, line, function, source line], ...]."""
+    return str([[fn, line, name, linecache.getline(fn, line).strip()] for fn, line, name in frames])
 
 
 def user_stack() -> str:
-    """The call stack outside torch and this package, as the CSV's NPU_Stack_Info."""
-    frames = [
-        [f.filename, f.lineno, f.name, (f.line or "").strip()]
-        for f in traceback.extract_stack(sys._getframe(1))
-        if not f.filename.startswith((_TORCH_DIR, _PROBES_DIR))
-    ]
-    return str(frames)
+    return format_stack(capture_stack())
+
+
+class _ReferenceFailed:
+    """The CPU re-run raised: the op has no usable CPU kernel for these arguments."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+class _Skipped:
+    """The op turned out to have no CPU kernel on an earlier call: counted as skipped, no row."""
+
+
+_SKIPPED = _Skipped()
 
 
 class OnlineDispatchMode(TorchDispatchMode):
@@ -78,7 +122,8 @@ class OnlineDispatchMode(TorchDispatchMode):
         self._counters: dict[str, int] = {}
         self._no_cpu_kernel: set[Any] = set()
         self.results: RunResults | None = None
-        self._pool: ComparisonPool | None = None
+        self._pool: OrderedPool | None = None
+        self._threaded = False  # self._pool is the reference thread (re-run and figures there)
         self._listed = frozenset(options.api_list)
         self._depth = 0
 
@@ -91,9 +136,13 @@ class OnlineDispatchMode(TorchDispatchMode):
                                       self.options.as_dict())
             if self.options.debug:
                 logger.info("online_dispatch: %s, writing to %s", self.options.as_dict(), run_dir)
-        if self.options.process_num > 0 and self._pool is None:
-            self._pool = ComparisonPool(self.options.process_num, self._finish_job)
+        if self._pool is None and self.options.process_num > 0:
+            self._pool = process_pool(self.options.process_num, self._finish_job)
             self._pool_finalizer = weakref.finalize(self, self._pool.close)
+        elif self._pool is None and self._depth == 0 and use_reference_thread(self.options.background):
+            self._pool = reference_thread(self._finish_job)
+            self._pool_finalizer = weakref.finalize(self, self._pool.close)
+            self._threaded = True
         self._depth += 1
         return super().__enter__()
 
@@ -103,14 +152,20 @@ class OnlineDispatchMode(TorchDispatchMode):
         finally:
             self._depth -= 1
             if self._depth == 0:
-                self.flush()
+                if self._threaded:
+                    self.close()  # a thread is cheap to start again; no idle thread outlives the context
+                else:
+                    self.flush()
 
     def close(self) -> None:
-        """Flush, and stop the worker processes (process_num > 0)."""
-        self.flush()
-        if self._pool is not None:
-            self._pool = None
-            self._pool_finalizer()
+        """Flush, and stop the reference thread or the worker processes."""
+        try:
+            self.flush()
+        finally:
+            if self._pool is not None:
+                self._pool = None
+                self._threaded = False
+                self._pool_finalizer()
 
     def flush(self) -> None:
         """Judge pending ops, flush the CSV and write summary.json (also after an exception)."""
@@ -167,66 +222,86 @@ class OnlineDispatchMode(TorchDispatchMode):
             results.add_error(str(func), "copying the inputs for the reference", exc)
             return out
         out = func(*args, **kwargs)  # the user's op, untouched
+        pool = self._pool
+        job = _Job(func, info, device, ref, args, kwargs, None)
         try:
-            self._compare(func, info, device, args, kwargs, ref, out)
-        except Exception as exc:
-            results.add_error(str(func), "comparing", exc)
+            void = out is None or (isinstance(out, tuple) and not out)
+            written = _written_devices(info, args, kwargs) if void else None
+            if pool is not None:  # judged later: the user's frames are those of now
+                job.stack = capture_stack()
+            if pool is not None and self._threaded:
+                # the thread gets private copies of what it compares: the user's program goes on
+                # and may change these tensors in place before the thread reads them
+                pool.submit(job, self._measure, job, _snapshot(out), _snapshot(written),
+                            torch.is_inference_mode_enabled())
+                return out
+            outcome = self._prepare(job, out, written)
+            if outcome is None and pool is not None:
+                # the workers get private copies: the user's tensors may change before they are pickled
+                job.cmp.pairs = [(d.clone(), r) for d, r in job.cmp.pairs]
+                pool.submit(job, figures_in_worker, job.cmp.pairs)
+            else:
+                self._finish_job(job, outcome if outcome is not None else verdict.figures(job.cmp.pairs))
+        except Exception as exc:  # recorded in the op's row and the summary, never raised
+            self._finish_job(job, exc)
         return out
 
-    def _compare(self, func: Any, info: _OpInfo, device: torch.device, args: tuple, kwargs: dict,
-                 ref: reference.ReferenceCall, out: Any) -> None:
-        results = self.results
+    def _prepare(self, job: _Job, out: Any, written: list[Any] | None) -> _Skipped | _ReferenceFailed | None:
+        """Number the op, run the CPU reference and pair its results with the device's (into
+        job.cmp). Inline, or in the reference thread, which then owns the numbering: ops are
+        numbered in the order they ran either way, so the CSV does not depend on timing."""
+        if job.func in self._no_cpu_kernel:  # an earlier call, still in flight when this one ran, found out
+            return _SKIPPED
+        info = job.info
         idx = self._counters.get(info.api, 0) + 1
         self._counters[info.api] = idx
-        prefix = f"{info.api}_{idx}"
-        results.ops_compared += 1
-        results.devices[device.type] = results.devices.get(device.type, 0) + 1
-        try:
-            self._compare_named(func, info, prefix, args, kwargs, ref, out)
-        except Exception as exc:  # recorded in the op's row and the summary, never raised
-            results.add_error(str(func), "comparing", exc)
-            results.add_rows([special_row(f"{prefix}_output", "", "", "", "", "Nan",
-                                          f"comparison failed: {type(exc).__name__}: {exc}")])
-
-    def _compare_named(self, func: Any, info: _OpInfo, prefix: str, args: tuple, kwargs: dict,
-                       ref: reference.ReferenceCall, out: Any) -> None:
-        results = self.results
-        cmp = verdict.OpComparison(prefix)
-        verdict.collect_inputs(cmp, args, kwargs, ref.pristine_args if ref.pristine_args is not None else ref.args,
+        job.prefix = f"{info.api}_{idx}"
+        job.cmp = cmp = verdict.OpComparison(job.prefix)
+        ref = job.ref
+        verdict.collect_inputs(cmp, job.args, job.kwargs,
+                               ref.pristine_args if ref.pristine_args is not None else ref.args,
                                ref.pristine_kwargs if ref.pristine_kwargs is not None else ref.kwargs)
         try:
             with torch.no_grad():
-                ref_out = func(*ref.args, **ref.kwargs)
+                ref_out = job.func(*ref.args, **ref.kwargs)
         except Exception as exc:
-            self._no_cpu_kernel.add(func)
-            results.add_rows([special_row(f"{prefix}_output", "", "", "", "", "Nan",
-                                          f"reference run failed on cpu: {type(exc).__name__}: {exc}")])
-            return
-        written = None
-        if out is None or (isinstance(out, tuple) and not out):
-            written = _written_pairs(info, args, kwargs, ref)
-        verdict.collect_outputs(cmp, out, ref_out, written)
-        stack = user_stack() if self._pool is not None else ""
-        job = _Job(func, info, prefix, cmp, ref, args, kwargs, stack)
-        if self._pool is not None:
-            # the workers get private copies: the user's tensors may change before they are pickled
-            cmp.pairs = [(d.clone(), r) for d, r in cmp.pairs]
-            self._pool.submit(job, cmp.pairs)
-            return
-        self._finish_job(job, verdict.figures(cmp.pairs))
+            self._no_cpu_kernel.add(job.func)
+            return _ReferenceFailed(exc)
+        pairs = _written_pairs(info, written, ref) if written is not None else None
+        verdict.collect_outputs(cmp, out, ref_out, pairs)
+        return None
+
+    def _measure(self, job: _Job, out: Any, written: list[Any] | None, inference: bool) -> Any:
+        """The reference thread's work for one op (grad and inference mode are thread-local, so
+        the user's are set again here)."""
+        with torch.inference_mode(inference):
+            outcome = self._prepare(job, out, written)
+            return outcome if outcome is not None else verdict.figures(job.cmp.pairs)
 
     def _finish_job(self, job: _Job, figures: Any) -> None:
-        """Rows, failure record and dumps of one op (in the parent process, in op order)."""
+        """Rows, failure record and dumps of one op (on the user's thread, in op order)."""
         results = self.results
+        if figures is _SKIPPED:
+            key = (skip_list.NO_CPU_KERNEL, job.func)
+            results.skipped[key] = results.skipped.get(key, 0) + 1
+            return
+        results.ops_compared += 1
+        results.devices[job.device.type] = results.devices.get(job.device.type, 0) + 1
+        name = f"{job.prefix}_output" if job.prefix is not None else f"{job.info.api}_output"
+        if isinstance(figures, _ReferenceFailed):
+            exc = figures.exc
+            results.add_rows([special_row(name, "", "", "", "", "Nan",
+                                          f"reference run failed on cpu: {type(exc).__name__}: {exc}")])
+            return
         if isinstance(figures, BaseException):
-            results.add_error(str(job.func), "computing the figures", figures)
-            results.add_rows([special_row(f"{job.prefix}_output", "", "", "", "", "Nan",
+            results.add_error(str(job.func), "comparing", figures)
+            results.add_rows([special_row(name, "", "", "", "", "Nan",
                                           f"comparison failed: {type(figures).__name__}: {figures}")])
             return
         in_rows, out_rows = verdict.rows(job.cmp, figures, all_details=self.options.debug)
         failing = [r for r in out_rows if r.failed]
         if failing:
-            stack = job.stack or user_stack()
+            stack = format_stack(job.stack) if job.stack is not None else user_stack()
             for r in failing:
                 r.stack = stack
         results.add_rows(in_rows + out_rows)
@@ -253,10 +328,23 @@ class OnlineDispatchMode(TorchDispatchMode):
         dump.dump_outputs(run_dir, leaves)
 
 
-def _written_pairs(info: _OpInfo, args: tuple, kwargs: dict, ref: reference.ReferenceCall) -> list[tuple[Any, Any]]:
-    """(device, reference) values of the arguments a void op wrote into."""
+def _written_devices(info: _OpInfo, args: tuple, kwargs: dict) -> list[Any]:
+    """The device arguments a void op (``_foreach_add_``) wrote into: its outputs."""
     positions, names = info.written
-    pairs = [(args[i], ref.args[i]) for i in positions if i < len(args)]
-    pairs += [(kwargs[n], ref.kwargs[n]) for n in names if n in kwargs]
-    return pairs
+    return [args[i] for i in positions if i < len(args)] + [kwargs[n] for n in names if n in kwargs]
 
+
+def _written_pairs(info: _OpInfo, devices: list[Any], ref: reference.ReferenceCall) -> list[tuple[Any, Any]]:
+    """(device, reference) values of the arguments a void op wrote into, in _written_devices' order."""
+    positions, names = info.written
+    refs = [ref.args[i] for i in positions if i < len(ref.args)] + [ref.kwargs[n] for n in names if n in ref.kwargs]
+    return list(zip(devices, refs))
+
+
+def _snapshot(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.detach().clone()
+    if isinstance(x, (list, tuple)):
+        items = [_snapshot(v) for v in x]
+        return items if isinstance(x, list) else tuple(items)
+    return x

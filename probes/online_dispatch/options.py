@@ -34,10 +34,11 @@ class DispatchOptions:
     tag: str | None
     process_num: int
     debug: bool
+    background: bool | str = "auto"
 
     def as_dict(self) -> dict[str, Any]:
         return {"dump_mode": self.dump_mode, "api_list": list(self.api_list), "dump_path": str(self.dump_path),
-                "tag": self.tag, "process_num": self.process_num, "debug": self.debug}
+                "tag": self.tag, "process_num": self.process_num, "debug": self.debug, "background": self.background}
 
 
 def _aten_names() -> list[str]:
@@ -80,7 +81,8 @@ def _check_dump_path(dump_path: Any) -> Path:
     return path
 
 
-def validate(dump_mode: Any, api_list: Any, dump_path: Any, tag: Any, process_num: Any, debug: Any) -> DispatchOptions:
+def validate(dump_mode: Any, api_list: Any, dump_path: Any, tag: Any, process_num: Any, debug: Any,
+             background: Any = "auto") -> DispatchOptions:
     if not isinstance(dump_mode, str) or dump_mode not in DUMP_MODES:
         hint = ""
         if isinstance(dump_mode, str):
@@ -89,6 +91,10 @@ def validate(dump_mode: Any, api_list: Any, dump_path: Any, tag: Any, process_nu
         raise ConfigError("dump_mode", dump_mode, "one of " + ", ".join(f'"{m}"' for m in DUMP_MODES), hint=hint)
     if not isinstance(debug, bool):
         raise ConfigError("debug", debug, "True or False")
+    if not isinstance(background, bool) and background != "auto":
+        raise ConfigError("background", background, '"auto", True or False',
+                          hint="True compares in a background thread while the program goes on, False inline, "
+                               '"auto" picks the thread when it can overlap (an accelerator, or idle CPU cores)')
     if tag is not None and (not isinstance(tag, str) or not _TAG.match(tag)):
         raise ConfigError("tag", tag, "None or a string of letters, digits, '_' and '-'")
     limit = max_process_num()
@@ -100,4 +106,4 @@ def validate(dump_mode: Any, api_list: Any, dump_path: Any, tag: Any, process_nu
     if names and dump_mode != "list":
         logger.warning('online_dispatch: api_list is used only with dump_mode="list" (dump_mode=%r)', dump_mode)
     path = _check_dump_path(dump_path)
-    return DispatchOptions(dump_mode, names, path, tag, process_num, debug)
+    return DispatchOptions(dump_mode, names, path, tag, process_num, debug, background)

@@ -1,65 +1,73 @@
-"""process_num > 0: the figures of each op computed in worker processes.
+"""Where an op's comparison runs when it does not run inline: one background thread (the default)
+or worker processes (process_num > 0). Either way results are judged in op order, on the user's
+thread, by the mode's `finish(job, result)`; only the mode writes files.
 
-The device op and the CPU re-run stay in the user's process (they must run where the tensors
-are, in order); the workers compute exactly `verdict.figures` on the two results, with the
-parent's torch thread count so every reduction sums in the same order and the CSV is identical
-to process_num = 0. Results come back in submission order and are written by the parent only
-(the reference let every worker append to the CSV and a JSON file without a working lock, B-O9).
-At most `WINDOW_PER_WORKER * process_num` ops are in flight; beyond that the parent waits, which
+* **The reference thread** (`reference_thread`) runs the CPU re-run *and* the figures of each op
+  while the user's program goes on to its next op. torch kernels release the GIL, so the re-run
+  overlaps the user's own computation: on an accelerator the CPU checks while the device works,
+  on a CPU-only host it uses a core the model leaves idle. The thread is not inside the dispatch
+  mode (dispatch modes are thread-local), and it runs with the torch thread count of the process,
+  so every reduction sums in the same order and the CSV is identical to the inline one.
+* **Worker processes** (`process_pool`, process_num > 0, the reference's option): the re-run
+  stays in the user's process and only `verdict.figures` is shipped, with the parent's torch
+  thread count. Started with "spawn" (fork after torch has started its thread pools can
+  deadlock) at the first __enter__; they stop when the PtdbgDispatch object is closed or
+  garbage-collected (or at interpreter exit). Shipping tensors costs more than comparing them on
+  a small host: the README gives the numbers.
+
+At most `window` ops are in flight; beyond that the user's thread waits for the oldest, which
 bounds the memory held by pending ops (their tensors stay alive until judged, for the dumps).
-
-Workers are started with "spawn" (fork after torch has started its thread pools can deadlock) at
-the first __enter__, not in the constructor; each __exit__ waits for the pending ops, and the
-workers stop when the PtdbgDispatch object is closed or garbage-collected (or at interpreter exit).
+The reference let every worker append to the CSV and a JSON file without a working lock (B-O9).
 """
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any
 
 import torch
 import torch.multiprocessing as tmp
 
 WINDOW_PER_WORKER = 4
+THREAD_WINDOW = 4
 
 
 def _init_worker(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def _figures(pairs: list) -> list:
+def figures_in_worker(pairs: list) -> list:
+    """What a worker process runs: exactly verdict.figures."""
     from probes.online_dispatch.verdict import figures
 
     return figures(pairs)
 
 
-class ComparisonPool:
-    """Submit an op's output pairs; `finish(job, figures)` runs in the parent, in submission order."""
+class OrderedPool:
+    """Submit `fn(*args)` for a job; `finish(job, result or exception)` runs on the submitting
+    thread, in submission order, when the job's turn comes (at a later submit, `drain` or `close`)."""
 
-    def __init__(self, workers: int, finish: Callable[[Any, list | BaseException], None]) -> None:
-        ctx = tmp.get_context("spawn")
-        self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
-                                         initargs=(torch.get_num_threads(),))
+    def __init__(self, executor: Executor, finish: Callable[[Any, Any], None], window: int) -> None:
+        self._executor = executor
         # a weak reference: the pool must not keep its PtdbgDispatch alive (the finalizer that
         # stops the workers runs when that object is collected)
         self._finish = weakref.WeakMethod(finish) if hasattr(finish, "__self__") else (lambda: finish)
         self._pending: deque[tuple[Future, Any]] = deque()
-        self._window = WINDOW_PER_WORKER * workers
+        self._window = window
 
-    def submit(self, job: Any, pairs: list) -> None:
-        future = self._pool.submit(_figures, pairs)
-        self._pending.append((future, job))
+    def submit(self, job: Any, fn: Callable[..., Any], *args: Any) -> None:
+        self._pending.append((self._executor.submit(fn, *args), job))
         self._drain(block=len(self._pending) > self._window)
 
     def _drain(self, block: bool) -> None:
         while self._pending and (block or self._pending[0][0].done()):
             future, job = self._pending.popleft()
             try:
-                result: list | BaseException = future.result()
+                result: Any = future.result()
             except Exception as exc:  # a worker failure becomes the op's Err_message
                 result = exc
             finish = self._finish()
@@ -77,4 +85,49 @@ class ComparisonPool:
         try:
             self.drain()
         finally:
-            self._pool.shutdown(wait=True)
+            self._executor.shutdown(wait=True)
+
+
+def process_pool(workers: int, finish: Callable[[Any, Any], None]) -> OrderedPool:
+    ctx = tmp.get_context("spawn")
+    executor = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
+                                   initargs=(torch.get_num_threads(),))
+    return OrderedPool(executor, finish, WINDOW_PER_WORKER * workers)
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def accelerator_in_use() -> bool:
+    """A device runtime (CUDA, NPU, XPU) was initialised in this process: device ops are
+    asynchronous, so the host has time to spare for the reference while the device works."""
+    for name in ("cuda", "npu", "xpu"):
+        module = getattr(torch, name, None)
+        is_initialized = getattr(module, "is_initialized", None)
+        if callable(is_initialized):
+            try:
+                if is_initialized():
+                    return True
+            except Exception:  # a half-installed device runtime is not in use
+                continue
+    return False
+
+
+def use_reference_thread(background: bool | str) -> bool:
+    """background="auto": a thread only when it can overlap. The reference thread runs torch
+    kernels with the process's intra-op thread count, so on a CPU-only host it needs that many idle
+    cores: with torch using every core, two teams of threads fight over them and the step gets
+    slower than inline (measured on 2 cores, 2 torch threads: 10x against 5x inline; 1 torch thread:
+    4.2x against 5.3x inline)."""
+    if background != "auto":
+        return bool(background)
+    return accelerator_in_use() or available_cores() >= 2 * torch.get_num_threads()
+
+
+def reference_thread(finish: Callable[[Any, Any], None]) -> OrderedPool:
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="msprobe-online-dispatch")
+    return OrderedPool(executor, finish, THREAD_WINDOW)

@@ -7,8 +7,12 @@ with PtdbgDispatch(dump_mode="auto", dump_path="./dispatch"):
 
 Unlike the reference it needs no torch_npu: the device under test is wherever the tensors are
 (NPU, CUDA, or the CPU itself, then checked against float64). Arguments are validated in the
-constructor (ConfigError naming the argument); directories and worker processes are created
-when the context is entered, results are written when it exits.
+constructor (ConfigError naming the argument); directories, the reference thread and worker
+processes are created when the context is entered, results are written when it exits.
+`background` (new) re-runs and compares each op in a background thread while the program goes on
+(True), inline right after the op (False), or in the thread only when it can overlap ("auto", the
+default: an accelerator is in use, or torch leaves at least half the CPU cores idle). The CSV is
+the same either way. `process_num > 0` (worker processes for the figures) takes precedence.
 """
 
 from __future__ import annotations
@@ -31,12 +35,14 @@ class PtdbgDispatch(OnlineDispatchMode):
         dump_path: str | os.PathLike[str] | None = None,
         tag: str | None = None,
         process_num: int = 0,
+        background: bool | str = "auto",
     ) -> None:
-        super().__init__(validate(dump_mode, api_list, dump_path, tag, process_num, debug))
+        super().__init__(validate(dump_mode, api_list, dump_path, tag, process_num, debug, background))
 
     def __repr__(self) -> str:
         o: Any = self.options
-        return f"PtdbgDispatch(dump_mode={o.dump_mode!r}, dump_path={str(o.dump_path)!r}, process_num={o.process_num})"
+        return (f"PtdbgDispatch(dump_mode={o.dump_mode!r}, dump_path={str(o.dump_path)!r}, "
+                f"process_num={o.process_num}, background={o.background})")
 
 
 __all__ = ["PtdbgDispatch"]

@@ -22,41 +22,42 @@ def _floats(mib: int) -> torch.Tensor:
     return torch.ones(mib * MIB // 4, dtype=torch.float32)
 
 
-def test_peak_counts_tensors_alive_together():
-    def together() -> None:
-        a = _floats(1)
-        b = _floats(2)
-        del a, b
-
-    peak = bench.tensor_peak_bytes(together)
-    assert peak is not None
-    assert 3 * MIB <= peak < 3 * MIB + 64 * 1024
+def _together() -> None:
+    a = _floats(1)
+    b = _floats(2)
+    del a, b
 
 
-def test_peak_is_a_high_water_mark_not_a_total():
-    def one_after_another() -> None:
-        for _ in range(5):
-            t = _floats(2)
-            del t
-
-    peak = bench.tensor_peak_bytes(one_after_another)
-    assert peak is not None
-    assert 2 * MIB <= peak < 2 * MIB + 64 * 1024
-
-
-def test_frees_of_older_tensors_are_not_subtracted():
-    """The profiler cannot size a block allocated before it started, so the measure is an upper
-    bound of the step's own growth (the same bias for the plain and the probed step)."""
-    old = [_floats(4)]
-
-    def free_then_allocate() -> None:
-        old.clear()
-        t = _floats(3)
+def _one_after_another() -> None:
+    for _ in range(5):
+        t = _floats(2)
         del t
 
-    peak = bench.tensor_peak_bytes(free_then_allocate)
+
+_OLD: list = []
+
+
+def _free_older_then_allocate() -> None:
+    _OLD.clear()  # 4 MiB allocated before the measure started
+    t = _floats(3)
+    del t
+
+
+@pytest.mark.parametrize(
+    "fn, mib",
+    [
+        (_together, 3),  # tensors alive together add up
+        (_one_after_another, 2),  # a high-water mark, not a total
+        # the profiler cannot size a block allocated before it started, so frees of older
+        # tensors are not subtracted: an upper bound, the same bias for plain and probed steps
+        (_free_older_then_allocate, 3),
+    ],
+)
+def test_tensor_peak_of_known_allocation_patterns(fn, mib):
+    _OLD[:] = [_floats(4)]
+    peak = bench.tensor_peak_bytes(fn)
     assert peak is not None
-    assert 3 * MIB <= peak < 3 * MIB + 64 * 1024
+    assert mib * MIB <= peak < mib * MIB + 64 * 1024
 
 
 def test_persistent_bytes_counts_weights_gradients_and_optimizer_state():

@@ -80,18 +80,21 @@ def render_html(session: Mapping[str, Any], out_path: str | os.PathLike[str]) ->
     out = Path(out_path)
     base = out.parent.resolve()
     tests = _mapping(session.get("tests"))
-    parts = [_header(session, tool, tests)]
+    # what the per-"test" entries are: pytest tests, or the ranks of a merged multi-rank run
+    unit = str(session.get("unit") or "test")
+    parts = [_header(session, tool, tests, unit)]
     sections = {  # per tool: (summary key, section builder)
-        "free_benchmark": [("apis", lambda d: _apis_section(d, bool(tests)))],
-        "grad_probe": [("params", lambda d: _params_section(d, bool(tests))), ("similarities", _similarities_section)],
-        "online_dispatch": [("ops", lambda d: _ops_section(d, bool(tests)))],
+        "free_benchmark": [("apis", lambda d: _apis_section(d, bool(tests), unit))],
+        "grad_probe": [("params", lambda d: _params_section(d, bool(tests), unit)),
+                       ("similarities", _similarities_section)],
+        "online_dispatch": [("ops", lambda d: _ops_section(d, bool(tests), unit))],
     }
     for owner in [tool] + [t for t in TASKS if t != tool]:  # the session's own tool first
         for key, build in sections[owner]:
             if owner == tool or session.get(key):
                 parts.append(build(_mapping(session.get(key))))
-    parts.append(_tests_section(tests, tool, base))
-    parts.append(_errors_section(tests))
+    parts.append(_tests_section(tests, tool, base, unit))
+    parts.append(_errors_section(tests, unit))
     title = f"msprobe report: {tool}"
     doc = (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
@@ -395,7 +398,7 @@ def _similarity_plot(steps: Sequence[int], rows: Sequence[tuple[str, Sequence[fl
 # sections
 # --------------------------------------------------------------------------------------------
 
-def _header(session: Mapping[str, Any], tool: str, tests: Mapping[str, Any]) -> str:
+def _header(session: Mapping[str, Any], tool: str, tests: Mapping[str, Any], unit: str = "test") -> str:
     date = session.get("date") or _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     versions = _mapping(session.get("versions"))
     meta = [("date", date), ("device", session.get("device") or "\u2014"),
@@ -403,7 +406,7 @@ def _header(session: Mapping[str, Any], tool: str, tests: Mapping[str, Any]) -> 
     entries = [_mapping(t) for t in tests.values()]
     findings_key = FINDINGS[tool][0]
     outcomes = [str(t.get("outcome", "")) for t in entries]
-    counts = [("tests", len(entries), ""), ("passed", outcomes.count("passed"), "good"),
+    counts = [(f"{unit}s", len(entries), ""), ("passed", outcomes.count("passed"), "good"),
               ("failed", outcomes.count("failed"), "bad" if "failed" in outcomes else ""),
               (f"with {FINDINGS[tool][1]}", sum(1 for t in entries if _list(t.get(findings_key))),
                "bad" if any(_list(t.get(findings_key)) for t in entries) else "good"),
@@ -454,7 +457,7 @@ def _api_order(item: tuple[str, Mapping[str, Any]]) -> tuple[int, float, str]:
     return (0 if ratio is None else 1, -(ratio or 0.0), item[0])
 
 
-def _apis_section(apis: Mapping[str, Any], ran: bool) -> str:
+def _apis_section(apis: Mapping[str, Any], ran: bool, unit: str = "test") -> str:
     title = "<h2>free_benchmark: worst max_rel per API</h2>"
     stats = {str(k): _mapping(v) for k, v in apis.items()}
     risky = sorted(((k, s) for k, s in stats.items() if _int(s.get("flagged")) > 0 or
@@ -462,7 +465,7 @@ def _apis_section(apis: Mapping[str, Any], ran: bool) -> str:
     clean = sorted(k for k, s in stats.items() if not (_int(s.get("flagged")) > 0 or s.get("worst_max_rel") is not None))
     checked = sum(_int(s.get("checked")) for s in stats.values())
     if not stats:
-        text = "Nothing flagged: no API was checked." if ran else "No test ran under the probe."
+        text = "Nothing flagged: no API was checked." if ran else f"No {unit} ran under the probe."
         return f'<section id="apis">{title}<p class="ok">{_e(text)}</p></section>'
     parts = [title]
     if not risky:
@@ -495,7 +498,7 @@ def _apis_section(apis: Mapping[str, Any], ran: bool) -> str:
                          _code(s.get("first_flagged") or "\u2014"),
                          f"{len(tests)}<br>{_cell_list(tests, 2)}"))
         parts.append(_table(("API", "calls checked", "inconsistent", "worst max_rel", "threshold", "\u00d7 threshold",
-                             "first flagged call", "tests affected"), rows, "wide"))
+                             "first flagged call", f"{unit}s affected"), rows, "wide"))
         parts.append(_more(len(risky) - TABLE_MAX_ROWS, "APIs"))
     if clean:
         listed = ", ".join(_code(a) for a in clean[:TABLE_MAX_ROWS])
@@ -504,10 +507,10 @@ def _apis_section(apis: Mapping[str, Any], ran: bool) -> str:
     return '<section id="apis">' + "".join(parts) + "</section>"
 
 
-def _params_section(params: Mapping[str, Any], ran: bool) -> str:
+def _params_section(params: Mapping[str, Any], ran: bool, unit: str = "test") -> str:
     title = "<h2>grad_probe: non-finite gradients</h2>"
     if not params:
-        text = "Nothing flagged: every monitored gradient stayed finite." if ran else "No test ran under the probe."
+        text = "Nothing flagged: every monitored gradient stayed finite." if ran else f"No {unit} ran under the probe."
         return f'<section id="params">{title}<p class="ok">{_e(text)}</p></section>'
     items = sorted(((str(k), _mapping(v)) for k, v in params.items()),
                    key=lambda kv: (-_int(kv[1].get("nonfinite_steps")), kv[0]))
@@ -515,7 +518,7 @@ def _params_section(params: Mapping[str, Any], ran: bool) -> str:
              f"{len(_list(t.get('tests')))}<br>{_cell_list(_list(t.get('tests')), 2)}")
             for p, t in items[:TABLE_MAX_ROWS]]
     return (f'<section id="params">{title}<p>{len(items)} parameter(s) with non-finite gradients.</p>'
-            + _table(("parameter", "non-finite steps", "first", "tests affected"), rows, "wide")
+            + _table(("parameter", "non-finite steps", "first", f"{unit}s affected"), rows, "wide")
             + _more(len(items) - TABLE_MAX_ROWS, "parameters") + "</section>")
 
 
@@ -591,7 +594,7 @@ def _cosine_figure(op: Mapping[str, Any]) -> tuple[float | None, str]:
     return (float(cos) if _finite(cos) else None), text
 
 
-def _ops_section(ops: Mapping[str, Any], ran: bool) -> str:
+def _ops_section(ops: Mapping[str, Any], ran: bool, unit: str = "test") -> str:
     title = "<h2>online_dispatch: ops that disagree with the reference</h2>"
     stats = {str(k): _mapping(v) for k, v in ops.items()}
     failing = sorted(((k, s) for k, s in stats.items() if _int(s.get("failed")) > 0),
@@ -599,7 +602,7 @@ def _ops_section(ops: Mapping[str, Any], ran: bool) -> str:
     checked = sum(_int(s.get("checked")) for s in stats.values())
     if not failing:
         text = (f"Nothing flagged: {len(stats)} ops, {checked} calls compared, all within the rule."
-                if stats else ("Nothing flagged: no op was compared." if ran else "No test ran under the probe."))
+                if stats else ("Nothing flagged: no op was compared." if ran else f"No {unit} ran under the probe."))
         return f'<section id="ops">{title}<p class="ok">{_e(text)}</p></section>'
     parts = [title, f"<p>{len(failing)} of {len(stats)} ops failed the comparison ({checked} calls compared). "
                     f"Rule: cosine &lt; {COS_THRESHOLD} with a large max abs error, or cosine &lt; {COS_MAX_THRESHOLD}, "
@@ -616,16 +619,16 @@ def _ops_section(ops: Mapping[str, Any], ran: bool) -> str:
              _e(_fmt(s.get("worst_cosine"))), _e(_fmt(s.get("worst_max_abs_err"))),
              f"{len(_list(s.get('tests')))}<br>{_cell_list(_list(s.get('tests')), 2)}")
             for op, s in failing[:TABLE_MAX_ROWS]]
-    parts.append(_table(("op", "calls compared", "failed", "worst cosine", "worst max abs err", "tests affected"),
+    parts.append(_table(("op", "calls compared", "failed", "worst cosine", "worst max abs err", f"{unit}s affected"),
                         rows, "wide"))
     parts.append(_more(len(failing) - TABLE_MAX_ROWS, "ops"))
     return '<section id="ops">' + "".join(parts) + "</section>"
 
 
-def _tests_section(tests: Mapping[str, Any], tool: str, base: Path) -> str:
-    title = "<h2>tests</h2>"
+def _tests_section(tests: Mapping[str, Any], tool: str, base: Path, unit: str = "test") -> str:
+    title = f"<h2>{_e(unit)}s</h2>"
     if not tests:
-        return f'<section id="tests">{title}<p class="muted">No test ran under the probe.</p></section>'
+        return f'<section id="tests">{title}<p class="muted">No {_e(unit)} ran under the probe.</p></section>'
     keys = [FINDINGS[tool][0]] + [k for k, _ in FINDINGS.values() if k != FINDINGS[tool][0]]
 
     def findings(t: Mapping[str, Any]) -> list[Any]:
@@ -643,8 +646,8 @@ def _tests_section(tests: Mapping[str, Any], tool: str, base: Path) -> str:
         rows.append((_code(nodeid), badge, _cell_list(findings(t)), _evidence_links(t, base),
                      f'<a href="#err-{_anchor(nodeid)}">{errors}</a>' if errors else "0"))
     return (f'<section id="tests">{title}'
-            + _table(("test", "outcome", FINDINGS[tool][1], "evidence", "probe errors"), rows, "wide tests")
-            + _more(len(items) - TABLE_MAX_ROWS, "tests") + "</section>")
+            + _table((unit, "outcome", FINDINGS[tool][1], "evidence", "probe errors"), rows, "wide tests")
+            + _more(len(items) - TABLE_MAX_ROWS, f"{unit}s") + "</section>")
 
 
 def _anchor(nodeid: str) -> str:
@@ -657,7 +660,7 @@ def _error_text(err: Any) -> str:
     return str(err)
 
 
-def _errors_section(tests: Mapping[str, Any]) -> str:
+def _errors_section(tests: Mapping[str, Any], unit: str = "test") -> str:
     title = "<h2>probe errors</h2>"
     with_errors = [(str(k), _list(_mapping(v).get("errors"))) for k, v in tests.items()]
     with_errors = [(k, errs) for k, errs in with_errors if errs]
@@ -674,8 +677,8 @@ def _errors_section(tests: Mapping[str, Any]) -> str:
         parts.append(f'<div class="errs" id="err-{_anchor(nodeid)}"><h3>{_code(nodeid)}</h3>'
                      f"<ul>{lis}{more}</ul></div>")
     total = sum(len(e) for _, e in with_errors)
-    note = (f"<p>{total} error(s) recorded inside the probe in {len(with_errors)} test(s); they were recorded, "
-            "not raised into the tests.</p>")
+    note = (f"<p>{total} error(s) recorded inside the probe in {len(with_errors)} {_e(unit)}(s); they were "
+            f"recorded, not raised into the {_e(unit)}s.</p>")
     return f'<section id="errors">{title}{note}' + "".join(parts) + _more(total - listed, "errors") + "</section>"
 
 

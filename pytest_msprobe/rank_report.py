@@ -6,8 +6,8 @@ dump root, grad_probe ``rank{R}/summary.json`` beside its CSVs, online_dispatch
 the question is which rank, which API/op/parameter, at which step, by how much. This module reads
 those files only (no framework import, so it also runs on a machine that just downloaded the
 dump), orders the findings by step then rank, and writes ``summary_merged.json`` in the session
-summary's schema, with one "test" per rank, so :func:`pytest_msprobe.html_report.render_html`
-draws it as is (its "tests affected" column lists ranks).
+summary's schema, with one entry per rank under "tests" and ``"unit": "rank"``, so
+:func:`pytest_msprobe.html_report.render_html` draws it as is and calls the entries ranks.
 """
 
 from __future__ import annotations
@@ -101,7 +101,9 @@ def merge_ranks(dump_path: str | os.PathLike[str], tool: str | None = None, *, w
         "flagged_ranks": [r for r, v in per_rank.items() if v["status"] == STATUS_FLAGGED],
         "first": findings[0] if findings else None,
         "findings": findings,
-        # the session summary's keys, one "test" per rank: what html_report.render_html draws
+        # the session summary's keys, one entry per rank: what html_report.render_html draws,
+        # naming the entries ranks ("unit") instead of tests
+        "unit": "rank",
         "tests": {name: dict(task.test_entry(r), outcome="failed" if per_rank[int(name[4:])]["findings"] else "passed")
                   for name, r in results},
         TABLE_KEY[tool]: task.table(results),

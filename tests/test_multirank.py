@@ -84,6 +84,8 @@ def test_merged_report_names_the_rank_that_flagged_first(fb_two_ranks):
     assert json.loads((dump / MERGED_NAME).read_text())["first"] == first
     html = (dump / REPORT_NAME).read_text()
     assert "Torch.<wbr>expm1" in html and "<code>rank1</code>" in html
+    # the entries are called ranks, not tests
+    assert "<th>ranks affected</th>" in html and "<h2>ranks</h2>" in html and "tests affected" not in html
     assert "first flagged on rank 1: Torch.expm1.0.forward at step 0" in describe(merged)
 
 

@@ -145,6 +145,11 @@ def _python_leaf_single(path, a: Any, b: Any) -> list[LeafVerdict]:
     return []
 
 
+# to_cpu's figures hold about seven float64 temporaries of a chunk at once, on the host: 2^16
+# elements keeps that near 4 MiB (with the default chunk it was 16 MiB, 4x a small model's step).
+SINGLE_BENCHMARK_CHUNK = 1 << 16
+
+
 def _single_benchmark(backend: Any, pairs: list) -> list[LeafVerdict]:
     """to_cpu: each float leaf in float64 on the CPU, chunk by chunk (bounded memory)."""
     figures, plans, verdicts = [], [], []
@@ -157,7 +162,7 @@ def _single_benchmark(backend: Any, pairs: list) -> list[LeafVerdict]:
         if backend.is_float(a) and backend.is_float(b):
             limits = th.single_benchmark_threshold(backend.dtype_name(a))
             chunks = []
-            for ca, cb in metrics.iter_chunks(backend.namespace(a), a, b):
+            for ca, cb in metrics.iter_chunks(backend.namespace(a), a, b, SINGLE_BENCHMARK_CHUNK):
                 act, gold = backend.to_float64_cpu(ca), backend.to_float64_cpu(cb)
                 chunks.append(metrics.single_benchmark_chunk(backend.namespace(act), act, gold, limits.small_value))
             figures.extend(chunks)

@@ -366,6 +366,24 @@ def test_b7_to_cpu_error_balance_is_two_sided(sign):
     assert not v.consistent
 
 
+def test_to_cpu_figures_over_many_chunks_equal_one_pass(monkeypatch):
+    """to_cpu works in small chunks to bound its float64 temporaries: the worst errors found in
+    the first and last chunks and the error balance summed over all of them equal one pass."""
+    from probes.free_benchmark import compare as compare_module
+
+    torch.manual_seed(0)
+    actual = torch.randn(1000)
+    golden = actual * (1 + 1e-3 * torch.randn(1000))
+    golden[0] += 0.5  # the worst relative error, in the first chunk
+    golden[-1] = 1e-7 * torch.sign(golden[-1])  # a small value, in the last chunk
+    whole = only(cmp(actual, golden, "to_cpu"))
+    monkeypatch.setattr(compare_module, "SINGLE_BENCHMARK_CHUNK", 64)
+    chunked = only(cmp(actual, golden, "to_cpu"))
+    assert not whole.consistent and not chunked.consistent
+    for key in ("abs_err", "rel_err", "error_balance"):
+        assert chunked.detail[key] == pytest.approx(whole.detail[key], rel=1e-12), key
+
+
 def test_to_cpu_golden_zero_under_big_actual_fails():
     v = only(cmp(t([5.0, 0.5]), t([0.0, 0.5]), "to_cpu"))
     assert not v.consistent

@@ -33,7 +33,6 @@ import json
 import logging
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -80,21 +79,12 @@ def time_config(model: str, mode: str, repeats: int, steps: int) -> dict[str, An
 
         bench.step()
         fbo.probed_step(dbg, bench)
-        plain_s: list[float] = []
-        probed_s: list[float] = []
-        for r in range(repeats):
-            order = (plain, probed) if r % 2 == 0 else (probed, plain)
-            for fn in order:
-                (plain_s if fn is plain else probed_s).append(fbo._timed(fn))
+        plain_s, probed_s = fbo.time_interleaved(plain, probed, repeats)
         counts = fbo.probe_counts(dbg)
         waiting = len(dbg.probe.backward.waiting)
     probed_steps = 1 + repeats * steps
     return {
-        "plain_ms_per_step": 1000 * statistics.median(plain_s) / steps,
-        "probed_ms_per_step": 1000 * statistics.median(probed_s) / steps,
-        "time_ratio": statistics.median(probed_s) / statistics.median(plain_s),
-        "time_ratio_min": min(probed_s) / min(plain_s),
-        "plain_noise": max(plain_s) / min(plain_s),
+        **fbo.loop_figures(plain_s, probed_s, steps),
         "checked_per_step": counts["checked"] / probed_steps,
         "waiting_after_run": waiting,
         **counts,

@@ -190,6 +190,33 @@ def probe_counts(dbg: Any) -> dict[str, Any]:
     }
 
 
+def time_interleaved(plain: Callable[[], None], probed: Callable[[], None], repeats: int) -> tuple[list[float], list[float]]:
+    """Seconds of each loop, timed in turn with the order alternating every repeat, so that a
+    drift of the machine (caches, clock, other load) hits both loops alike."""
+    plain_s: list[float] = []
+    probed_s: list[float] = []
+    for r in range(repeats):
+        for fn in ((plain, probed) if r % 2 == 0 else (probed, plain)):
+            (plain_s if fn is plain else probed_s).append(_timed(fn))
+    return plain_s, probed_s
+
+
+def loop_figures(plain_s: list[float], probed_s: list[float], steps: int) -> dict[str, Any]:
+    """The timing figures every overhead table shows: ratio of medians, of minima, noise, drift."""
+    plain_med, probed_med = statistics.median(plain_s), statistics.median(probed_s)
+    return {
+        "plain_ms_per_step": 1000 * plain_med / steps,
+        "probed_ms_per_step": 1000 * probed_med / steps,
+        "time_ratio": probed_med / plain_med,
+        "time_ratio_min": min(probed_s) / min(plain_s),
+        "plain_noise": max(plain_s) / min(plain_s),
+        "plain_loop_s": plain_s,
+        "probed_loop_s": probed_s,
+        "probed_drift": probed_s[-1] / probed_s[0],
+        "steps_per_loop": steps,
+    }
+
+
 def time_config(spec: ModelSpec, mode: str, repeats: int) -> dict[str, Any]:
     bench = Bench(spec)
     with tempfile.TemporaryDirectory(prefix="fb_overhead_") as tmp:
@@ -207,28 +234,11 @@ def time_config(spec: ModelSpec, mode: str, repeats: int) -> dict[str, Any]:
             bench.step()
         for _ in range(spec.warmup):
             probed_step(dbg, bench)
-        plain_s: list[float] = []
-        probed_s: list[float] = []
-        for r in range(repeats):
-            if r % 2 == 0:
-                plain_s.append(_timed(plain))
-                probed_s.append(_timed(probed))
-            else:
-                probed_s.append(_timed(probed))
-                plain_s.append(_timed(plain))
+        plain_s, probed_s = time_interleaved(plain, probed, repeats)
         counts = probe_counts(dbg)
     probed_steps = spec.warmup + repeats * spec.steps
-    plain_med, probed_med = statistics.median(plain_s), statistics.median(probed_s)
     return {
-        "plain_ms_per_step": 1000 * plain_med / spec.steps,
-        "probed_ms_per_step": 1000 * probed_med / spec.steps,
-        "time_ratio": probed_med / plain_med,
-        "time_ratio_min": min(probed_s) / min(plain_s),
-        "plain_noise": max(plain_s) / min(plain_s),
-        "plain_loop_s": plain_s,
-        "probed_loop_s": probed_s,
-        "probed_drift": probed_s[-1] / probed_s[0],
-        "steps_per_loop": spec.steps,
+        **loop_figures(plain_s, probed_s, spec.steps),
         "probed_steps": probed_steps,
         "checked_per_step": counts["checked"] / probed_steps,
         "calls_per_step": counts["calls"] / probed_steps,

@@ -23,7 +23,6 @@ import logging
 import os
 import platform
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -42,7 +41,6 @@ from free_benchmark_overhead import (  # noqa: E402
     SPECS,
     Bench,
     ModelSpec,
-    _timed,
     cpu_snapshot,
     fmt,
     other_cpu_load,
@@ -119,15 +117,7 @@ def time_config(spec: ModelSpec, level: str, repeats: int) -> dict[str, Any]:
                 plain_bench.step()
             for _ in range(spec.warmup):
                 probed_step(dbg, probed_bench)
-            plain_s: list[float] = []
-            probed_s: list[float] = []
-            for r in range(repeats):
-                if r % 2 == 0:
-                    plain_s.append(_timed(plain))
-                    probed_s.append(_timed(probed))
-                else:
-                    probed_s.append(_timed(probed))
-                    plain_s.append(_timed(plain))
+            plain_s, probed_s = fbo.time_interleaved(plain, probed, repeats)
         finally:
             _OPEN.remove((dbg, tmp))
             dbg.stop()
@@ -135,17 +125,8 @@ def time_config(spec: ModelSpec, level: str, repeats: int) -> dict[str, Any]:
         size = dump_bytes(tmp)
     probed_steps = spec.warmup + repeats * spec.steps
     written = len(summary["steps_written"])
-    plain_med, probed_med = statistics.median(plain_s), statistics.median(probed_s)
     return {
-        "plain_ms_per_step": 1000 * plain_med / spec.steps,
-        "probed_ms_per_step": 1000 * probed_med / spec.steps,
-        "time_ratio": probed_med / plain_med,
-        "time_ratio_min": min(probed_s) / min(plain_s),
-        "plain_noise": max(plain_s) / min(plain_s),
-        "plain_loop_s": plain_s,
-        "probed_loop_s": probed_s,
-        "probed_drift": probed_s[-1] / probed_s[0],
-        "steps_per_loop": spec.steps,
+        **fbo.loop_figures(plain_s, probed_s, spec.steps),
         "probed_steps": probed_steps,
         "steps_written": written,
         "params": len(summary["params"]),

@@ -23,7 +23,6 @@ import logging
 import os
 import platform
 import pstats
-import statistics
 import sys
 import tempfile
 import time
@@ -36,12 +35,13 @@ for _p in (ROOT, Path(__file__).resolve().parent):
         sys.path.insert(0, str(_p))
 
 from free_benchmark_overhead import (  # noqa: E402
-    _timed,
     cpu_snapshot,
     fmt,
+    loop_figures,
     other_cpu_load,
     print_columns,
     probe_counts,
+    time_interleaved,
     verdict,
 )
 
@@ -191,12 +191,7 @@ def time_config(mode: str, repeats: int, steps: int, warmup: int) -> dict[str, A
                 plain_bench.step()
             for _ in range(warmup):
                 probed_step()
-            plain_s: list[float] = []
-            probed_s: list[float] = []
-            for r in range(repeats):
-                pair = (plain, probed) if r % 2 == 0 else (probed, plain)
-                for fn in pair:
-                    (plain_s if fn is plain else probed_s).append(_timed(fn))
+            plain_s, probed_s = time_interleaved(plain, probed, repeats)
             extra: dict[str, Any] = {}
             if mode == GRAD:
                 s = dbg.summary() or {}
@@ -209,19 +204,7 @@ def time_config(mode: str, repeats: int, steps: int, warmup: int) -> dict[str, A
         finally:
             if mode == GRAD:
                 dbg.stop()
-    plain_med, probed_med = statistics.median(plain_s), statistics.median(probed_s)
-    return {
-        "plain_ms_per_step": 1000 * plain_med / steps,
-        "probed_ms_per_step": 1000 * probed_med / steps,
-        "time_ratio": probed_med / plain_med,
-        "time_ratio_min": min(probed_s) / min(plain_s),
-        "plain_noise": max(plain_s) / min(plain_s),
-        "probed_drift": probed_s[-1] / probed_s[0],
-        "plain_loop_s": plain_s,
-        "probed_loop_s": probed_s,
-        "steps_per_loop": steps,
-        **extra,
-    }
+    return {**loop_figures(plain_s, probed_s, steps), **extra}
 
 
 def profile_config(mode: str, steps: int, limit: int = 12) -> str:

@@ -512,6 +512,20 @@ def main(argv: list[str] | None = None) -> int:
         if r.get("memory") and r["memory"]["probed"].get("error"):
             print(f"ERROR (memory child) {r['model']} {r['label']}: {r['memory']['probed']['error']}")
     elapsed = time.perf_counter() - t_start
+    others = print_run_notes(rows, "label", cpu_start, load_start, elapsed)
+    print(f"targets: medium <=3x (every mode but to_cpu), tiny <=10x, peak memory <=1.5x -> "
+          f"{'ALL PASS' if not fails else f'{fails} FAIL/ERR'}  ({elapsed:.0f}s)")
+    write_results(args.json, rows, repeats=repeats, memory_steps=None if args.no_memory else args.memory_steps,
+                  targets={"time": TIME_TARGET, "no_time_target": sorted(map(list, NO_TIME_TARGET)),
+                           "memory": MEMORY_TARGET},
+                  elapsed_s=elapsed, load_average_start=load_start, other_processes_cores=others)
+    return 0
+
+
+def print_run_notes(rows: list[dict[str, Any]], label_key: str, cpu_start: tuple[float, float] | None,
+                    load_start: float, elapsed: float) -> float | None:
+    """What may have disturbed the timings (other load, noisy or drifting loops); returns the
+    cores other processes used on average."""
     others = other_cpu_load(cpu_start, cpu_snapshot(), elapsed)
     noisy = [r for r in rows if r["timing"] and r["timing"]["plain_noise"] > 1.5]
     if others is not None:
@@ -526,24 +540,20 @@ def main(argv: list[str] | None = None) -> int:
     drifting = [r for r in rows if r["timing"] and r["timing"]["probed_drift"] > 1.5]
     if drifting:
         print("note: the probed loop slowed down during the run (drift > 1.5) for "
-              + ", ".join(f"{r['model']} {r['label']}" for r in drifting)
+              + ", ".join(f"{r['model']} {r[label_key]}" for r in drifting)
               + ": the per-step cost of the probe grows with the steps already run")
-    print(f"targets: medium <=3x (every mode but to_cpu), tiny <=10x, peak memory <=1.5x -> "
-          f"{'ALL PASS' if not fails else f'{fails} FAIL/ERR'}  ({elapsed:.0f}s)")
+    return others
 
-    out = Path(args.json)
+
+def write_results(path: str, rows: list[dict[str, Any]], **fields: Any) -> None:
+    """The run's JSON: versions and machine, the given fields, then every row."""
+    out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
         "torch": torch.__version__, "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
-        "python": platform.python_version(), "machine": platform.machine(), "repeats": repeats,
-        "memory_steps": None if args.no_memory else args.memory_steps,
-        "targets": {"time": TIME_TARGET, "no_time_target": sorted(map(list, NO_TIME_TARGET)),
-                    "memory": MEMORY_TARGET},
-        "elapsed_s": elapsed, "load_average_start": load_start, "other_processes_cores": others,
-        "results": rows,
+        "python": platform.python_version(), "machine": platform.machine(), **fields, "results": rows,
     }, indent=2, default=str))
     print(f"JSON: {out}")
-    return 0
 
 
 if __name__ == "__main__":

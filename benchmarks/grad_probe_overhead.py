@@ -43,7 +43,6 @@ from free_benchmark_overhead import (  # noqa: E402
     ModelSpec,
     cpu_snapshot,
     fmt,
-    other_cpu_load,
     print_columns,
     verdict,
 )
@@ -285,35 +284,12 @@ def main(argv: list[str] | None = None) -> int:
         if r.get("memory") and r["memory"]["probed"].get("error"):
             print(f"ERROR (memory child) {r['model']} {r['level']}: {r['memory']['probed']['error']}")
     elapsed = time.perf_counter() - t_start
-    others = other_cpu_load(cpu_start, cpu_snapshot(), elapsed)
-    noisy = [r for r in rows if r["timing"] and r["timing"]["plain_noise"] > 1.5]
-    if others is not None:
-        print(f"CPU used by other processes during the run: {others:.2f} cores on average "
-              f"(1-min load average {load_start:.2f} at start)")
-    if (others or 0) > 0.25:
-        print("WARNING: other processes used the CPUs during the run, so timings are disturbed; rerun on a "
-              "quiet machine (or with --threads 1), or compare 'min x'")
-    if noisy:
-        print(f"note: {len(noisy)} configs have noise > 1.5 (slowest plain loop / fastest); trust 'time x' "
-              "there only where 'min x' agrees with it")
-    drifting = [r for r in rows if r["timing"] and r["timing"]["probed_drift"] > 1.5]
-    if drifting:
-        print("note: the probed loop slowed down during the run (drift > 1.5) for "
-              + ", ".join(f"{r['model']} {r['level']}" for r in drifting))
+    others = fbo.print_run_notes(rows, "level", cpu_start, load_start, elapsed)
     print(f"target: grad_probe L1 <=1.5x time (issue 4's MindSpore target, our bar for PyTorch) -> "
           f"{'ALL PASS' if not fails else f'{fails} FAIL/ERR'}  ({elapsed:.0f}s)")
-
-    out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
-        "torch": torch.__version__, "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
-        "python": platform.python_version(), "machine": platform.machine(), "repeats": repeats,
-        "memory_steps": None if args.no_memory else args.memory_steps,
-        "targets": {"time": TIME_TARGET},
-        "elapsed_s": elapsed, "load_average_start": load_start, "other_processes_cores": others,
-        "results": rows,
-    }, indent=2, default=str))
-    print(f"JSON: {out}")
+    fbo.write_results(args.json, rows, repeats=repeats, memory_steps=None if args.no_memory else args.memory_steps,
+                      targets={"time": TIME_TARGET}, elapsed_s=elapsed, load_average_start=load_start,
+                      other_processes_cores=others)
     return 0
 
 

@@ -17,6 +17,7 @@ import seeded_backward
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from ms_training import run_steps
 from training_loops import train
 
 from probes.core.config import load_config
@@ -415,16 +416,7 @@ def _ms_train(ms, cfg, steps: int):
 
     grad_fn = ms.value_and_grad(forward, None, opt.parameters)
     dbg = _ms_debugger(cfg) if cfg else None
-    losses = []
-    for _ in range(steps):
-        if dbg:
-            dbg.start()
-        loss, grads = grad_fn(x, y)
-        opt(grads)
-        losses.append(loss.asnumpy().copy())
-        if dbg:
-            dbg.stop()
-            dbg.step()
+    losses = run_steps(grad_fn, opt, x, y, dbg, steps)
     assert all(p.dtype == mstype.float32 for p in params)
     return losses, [p.asnumpy().copy() for p in params], dbg
 

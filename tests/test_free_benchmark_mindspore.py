@@ -19,6 +19,7 @@ import mindspore.common.dtype as mstype  # noqa: E402
 import mindspore.mint.nn.functional as MF  # noqa: E402
 import seeded_ms  # noqa: E402
 from mindspore import Tensor, mint, nn, ops  # noqa: E402
+from ms_training import run_steps  # noqa: E402
 
 from probes.backends import mindspore_xp  # noqa: E402
 from probes.core.errors import ConfigError, ProbeError  # noqa: E402
@@ -249,16 +250,7 @@ def _train(probe_config: dict | None, dtype, steps: int = 3):
 
     grad_fn = ms.value_and_grad(forward, None, opt.parameters)
     dbg = PrecisionDebugger(config=probe_config) if probe_config else None
-    losses = []
-    for _ in range(steps):
-        if dbg:
-            dbg.start()
-        loss, grads = grad_fn(x, y)
-        opt(grads)
-        losses.append(loss.asnumpy().copy())
-        if dbg:
-            dbg.stop()
-            dbg.step()
+    losses = run_steps(grad_fn, opt, x, y, dbg, steps)
     params = [p.asnumpy().copy() for p in net.trainable_params()]
     return losses, params, dbg
 

@@ -123,7 +123,6 @@ class OnlineDispatchMode(TorchDispatchMode):
         self._no_cpu_kernel: set[Any] = set()
         self.results: RunResults | None = None
         self._pool: OrderedPool | None = None
-        self._threaded = False  # self._pool is the reference thread (re-run and figures there)
         self._listed = frozenset(options.api_list)
         self._depth = 0
 
@@ -142,7 +141,6 @@ class OnlineDispatchMode(TorchDispatchMode):
         elif self._pool is None and self._depth == 0 and use_reference_thread(self.options.background):
             self._pool = reference_thread(self._finish_job)
             self._pool_finalizer = weakref.finalize(self, self._pool.close)
-            self._threaded = True
         self._depth += 1
         return super().__enter__()
 
@@ -164,7 +162,6 @@ class OnlineDispatchMode(TorchDispatchMode):
         finally:
             if self._pool is not None:
                 self._pool = None
-                self._threaded = False
                 self._pool_finalizer()
 
     def flush(self) -> None:
@@ -179,6 +176,11 @@ class OnlineDispatchMode(TorchDispatchMode):
                     s = self.results.summary()
                     logger.info("online_dispatch: %d ops compared, %d failing, %d probe errors; %s",
                                 s["ops_compared"], s["failed_op_count"], len(s["probe_errors"]), self.results.run_dir)
+
+    @property
+    def _threaded(self) -> bool:
+        """The pool is the reference thread (re-run and figures there), not worker processes."""
+        return self._pool is not None and self.options.process_num == 0
 
     @property
     def run_dir(self) -> Any:
@@ -229,7 +231,7 @@ class OnlineDispatchMode(TorchDispatchMode):
             written = _written_devices(info, args, kwargs) if void else None
             if pool is not None:  # judged later: the user's frames are those of now
                 job.stack = capture_stack()
-            if pool is not None and self._threaded:
+            if self._threaded:
                 # the thread gets private copies of what it compares: the user's program goes on
                 # and may change these tensors in place before the thread reads them
                 pool.submit(job, self._measure, job, _snapshot(out), _snapshot(written),

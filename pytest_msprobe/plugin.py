@@ -26,6 +26,7 @@ TASKS = ("free_benchmark", "grad_probe", "online_dispatch")
 AVAILABLE_TASKS = TASKS
 FAIL_ON = ("risk", "never")
 DEVICES = ("auto", "npu", "cuda", "cpu")
+RULES = ("scaled", "reference")  # free_benchmark verdicts (probes.core.config.RULES)
 # fixtures that run a probe themselves: a test using one is not also run under the session's probe
 TOOL_FIXTURES = ("free_benchmark", "grad_probe", "online_dispatch", "msprobe_api_case", "msprobe_distributed")
 _SESSION_KEY = pytest.StashKey["MsprobeSession"]()
@@ -44,7 +45,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help=f"{' | '.join(FAIL_ON)}: fail tests that trip a rule (risk, default) or only report (never)")
     group.addoption("--msprobe-regen-golden", action="store_true", default=None,
                     help="(re)write the golden files tests compare against; those tests fail once")
-    for name in ("task", "config", "dump_path", "device", "fail_on"):
+    group.addoption("--msprobe-rule", default=None,
+                    help=f"{' | '.join(RULES)}: free_benchmark's verdict (default scaled: each output judged at "
+                         "its own scale; reference: msprobe's element-wise ratio rule)")
+    for name in ("task", "config", "dump_path", "device", "fail_on", "rule"):
         parser.addini(f"msprobe_{name}", f"default for --msprobe-{name.replace('_', '-')}", default=None)
     parser.addini("msprobe_regen_golden", "default for --msprobe-regen-golden", type="bool", default=False)
 
@@ -66,6 +70,9 @@ class MsprobeOptions:
         self.fail_on: str = _option(config, "fail_on") or "risk"
         self.device_choice: str = _option(config, "device") or "auto"
         self.regen_golden = bool(_option(config, "regen_golden"))
+        self.rule_given: str | None = _option(config, "rule")
+        if self.rule_given is not None and self.rule_given not in RULES:
+            raise pytest.UsageError(f"--msprobe-rule={self.rule_given!r}; allowed: {', '.join(RULES)}")
         dump = _option(config, "dump_path")
         self.root = Path(dump) if dump is not None else Path(config.rootpath) / ".msprobe"
         self.dump_given = dump is not None
@@ -126,14 +133,44 @@ class MsprobeOptions:
         raw_dump = dump_path
         if raw_dump is None and (self.dump_given or not self._file_has_dump_path()):
             raw_dump = self.root
+        effective = self._with_rule(task, overrides)
         try:
-            return load_config(self.cfg_file, task=task, overrides=overrides or None,
+            return load_config(self.cfg_file, task=task, overrides=effective or None,
                                dump_path=None if raw_dump is None else str(raw_dump))
         except ConfigError as exc:
             where = f"--msprobe-config {self.cfg_file}" if self.cfg_file else "--msprobe-task"
             if overrides:
                 raise
             raise pytest.UsageError(f"{where}: {exc}") from None
+
+
+    def _with_rule(self, task: str | None, overrides: dict | None) -> dict | None:
+        """free_benchmark under pytest gates on the scaled rule unless told otherwise: by
+        --msprobe-rule / msprobe_rule (wins), a test's own override, or the config file's
+        "rule". Preheat tunes msprobe's ratio rule, so a run that asks for it keeps that rule."""
+        if task != "free_benchmark":
+            return overrides
+        given = dict(overrides or {})
+        if self.rule_given is not None:
+            return {**given, "rule": self.rule_given}
+        if "rule" in given or "free_benchmark.rule" in given:
+            return overrides
+        section = self._file_section("free_benchmark")
+        if "rule" in section:
+            return overrides
+        if given.get("if_preheat", given.get("free_benchmark.if_preheat", section.get("if_preheat"))) is True:
+            return overrides
+        return {**given, "rule": "scaled"}
+
+    def _file_section(self, name: str) -> dict:
+        if self.cfg_file is None:
+            return {}
+        try:
+            raw = json.loads(Path(self.cfg_file).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        section = raw.get(name) if isinstance(raw, dict) else None
+        return section if isinstance(section, dict) else {}
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -10,6 +10,8 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+from probes.core.records import rule_figures
+
 
 class PrecisionRiskError(AssertionError):
     """A test whose run tripped a precision rule."""
@@ -32,7 +34,8 @@ def failure_message(nodeid: str, summary: dict[str, Any], limit: int = 10) -> st
     """What a failing test prints: each flagged API with its figure, threshold and evidence."""
     flagged = [(api, s) for api, s in summary["apis"].items() if s["flagged"]]
     flagged.sort(key=lambda kv: -sort_figure(kv[1]["worst_max_rel"]))
-    lines = [f"free_benchmark ({summary['config']['free_benchmark']['pert_mode']}) flagged "
+    section = summary["config"]["free_benchmark"]
+    lines = [f"free_benchmark ({section['pert_mode']}, {section.get('rule', 'reference')} rule) flagged "
              f"{len(flagged)} API(s) in {nodeid}:"]
     rows_by_api: dict[str, dict[str, Any]] = {}
     for row in summary["flagged"]:
@@ -40,9 +43,11 @@ def failure_message(nodeid: str, summary: dict[str, Any], limit: int = 10) -> st
     for api, s in flagged[:limit]:
         row = rows_by_api.get(api, {})
         where = f" output {row.get('output_index')}" if row.get("output_index") not in (None, "") else ""
+        both = rule_figures(row.get("detail") or {})
         lines.append(
             f"  {s['first_flagged']}: max_rel {_shown(s['worst_max_rel'])} > threshold {_shown(s['threshold'])}"
             f" ({row.get('dtype', '?')}{where}; {s['flagged']} of {s['checked']} checked calls inconsistent)"
+            + (f"\n      {both}" if both else "")
         )
     if len(flagged) > limit:
         lines.append(f"  ... and {len(flagged) - limit} more")

@@ -138,10 +138,10 @@ class GradProbeRun(ToolRun):
 
 def dispatch_arguments(config: Any, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """PtdbgDispatch's arguments from the config's "online_dispatch" section (dump_mode, api_list,
-    process_num, debug, tag, background) and overrides; dump_mode defaults to "auto" (failing ops dumped)."""
+    process_num, debug, tag, background, rule) and overrides; dump_mode defaults to "auto" (failing ops dumped)."""
     section = dict(config.extra_sections.get("online_dispatch", {}))
     section.update(overrides or {})
-    allowed = ("dump_mode", "api_list", "process_num", "debug", "tag", "background")
+    allowed = ("dump_mode", "api_list", "process_num", "debug", "tag", "background", "rule")
     unknown = sorted(set(section) - set(allowed))
     if unknown:
         from probes.core.errors import ConfigError
@@ -232,12 +232,22 @@ def dispatch_failure_message(label: str, summary: dict[str, Any], limit: int = 1
     ops = failing_ops(summary)
     lines = [f"online_dispatch found {len(ops)} failing op call(s) in {label} "
              f"(of {summary.get('ops_compared', '?')} compared against the CPU reference):"]
+    leaves = {f["name"]: f.get("leaves") or [] for f in summary.get("failed_ops", [])}
     for f in ops[:limit]:
-        lines.append(f"  {f['name']} ({f['op']}): Cosine {f['cosine']:.6g}, MaxAbsErr {f['max_abs_err']:.6g}")
+        rules = sorted({leaf.get("failed_rule") for leaf in leaves.get(f["name"], []) if leaf.get("failed_rule")})
+        ulps = [_number(leaf["scaled_ulps"], 0.0) for leaf in leaves.get(f["name"], [])
+                if leaf.get("scaled_ulps") not in (None, "")]
+        extra = (f", scaled error {max(ulps):.4g} ulp" if ulps else "") + (f" [{'/'.join(rules)}]" if rules else "")
+        lines.append(f"  {f['name']} ({f['op']}): Cosine {f['cosine']:.6g}, MaxAbsErr {f['max_abs_err']:.6g}{extra}")
     if len(ops) > limit:
         lines.append(f"  ... and {len(ops) - limit} more")
-    lines.append(f"rule: fail when Cosine < {COS_THRESHOLD} and MaxAbsErr > {MAX_ABS_ERR_THRESHOLD}, or Cosine < "
-                 f"{COS_MAX_THRESHOLD}, or MaxAbsErr > {MAX_ABS_ERR_MAX_THRESHOLD} (noise-level differences pass)")
+    config = summary.get("config")
+    rule = config.get("rule", "reference") if config else "both"  # runs before the rule option: msprobe's
+    reference = (f"Cosine < {COS_THRESHOLD} and MaxAbsErr > {MAX_ABS_ERR_THRESHOLD}, or Cosine < "
+                 f"{COS_MAX_THRESHOLD}, or MaxAbsErr > {MAX_ABS_ERR_MAX_THRESHOLD}")
+    scaled = "the error at the output's scale is above the dtype's DISPATCH_SCALED_THRESHOLD"
+    text = {"reference": reference, "scaled": scaled}.get(rule, f"{reference} (reference), or {scaled} (scaled)")
+    lines.append(f"rule ({rule}): fail when {text} (noise-level differences pass)")
     if summary.get("csv_path"):
         lines.append(f"evidence: {summary['csv_path']} (inputs and outputs of failing ops dumped beside it)")
     lines.append("next: rerun the op alone with PtdbgDispatch(dump_mode='list', api_list=[...]) and compare the "

@@ -166,28 +166,30 @@ MODE_CASES = {
 }
 
 
-def _mode_run(fb_config, mode, owner, attr, impl, dtype, make_x, monkeypatch):
+def _mode_run(fb_config, mode, owner, attr, impl, dtype, make_x, monkeypatch, rule="reference"):
     monkeypatch.setattr(owner, attr, impl)
     x = _t(make_x(), dtype)
-    return run(fb_config(pert_mode=mode, list=[f"mindspore.ops.{attr}"]), lambda: getattr(owner, attr)(x))
+    return run(fb_config(pert_mode=mode, list=[f"mindspore.ops.{attr}"], rule=rule), lambda: getattr(owner, attr)(x))
 
 
+@pytest.mark.parametrize("rule", ["reference", "scaled"])
 @pytest.mark.parametrize("mode", list(MODE_CASES))
-def test_mode_catches_seeded_defect(fb_config, mode, monkeypatch):
+def test_mode_catches_seeded_defect(fb_config, mode, rule, monkeypatch):
     owner, attr, defect, _clean, dtype, make_x = MODE_CASES[mode]
     if defect is None:
         defect = seeded_ms.nondeterministic()
-    dbg, _ = _mode_run(fb_config, mode, owner, attr, defect, dtype, make_x, monkeypatch)
+    dbg, _ = _mode_run(fb_config, mode, owner, attr, defect, dtype, make_x, monkeypatch, rule)
     rows = dbg.rows
     assert rows, f"{mode} missed the seeded defect in {attr}"
     assert all(r.api_name == f"Functional.{attr}.0.forward" for r in rows)
     assert all(r.pert_mode == mode and r.stage == "forward" for r in rows)
 
 
+@pytest.mark.parametrize("rule", ["reference", "scaled"])
 @pytest.mark.parametrize("mode", list(MODE_CASES))
-def test_mode_passes_clean_api(fb_config, mode, monkeypatch):
+def test_mode_passes_clean_api(fb_config, mode, rule, monkeypatch):
     owner, attr, _defect, clean, dtype, make_x = MODE_CASES[mode]
-    dbg, _ = _mode_run(fb_config, mode, owner, attr, clean, dtype, make_x, monkeypatch)
+    dbg, _ = _mode_run(fb_config, mode, owner, attr, clean, dtype, make_x, monkeypatch, rule)
     stats = dbg.summary()["apis"]
     assert stats[f"Functional.{attr}"]["checked"] == 1, "the clean API was not actually checked"
     assert dbg.rows == []
@@ -220,6 +222,37 @@ def test_missing_kernel_cancels_the_check_with_a_summary_entry(fb_config, caplog
 
 
 # --- the user's training is untouched -----------------------------------------------------------
+
+
+def _reduced_matmul(a, b):
+    """The seeded defect: a float32 matmul whose inputs keep 10 mantissa bits (TF32/HF32-like);
+    other dtypes (improve_precision's float64 re-run) multiply exactly."""
+    if a.dtype == mstype.float32 and b.dtype == mstype.float32:
+        mask = Tensor(np.array(~((1 << 13) - 1), np.int32))
+        a = ops.bitwise_and(a.view(mstype.int32), mask).view(mstype.float32)
+        b = ops.bitwise_and(b.view(mstype.int32), mask).view(mstype.float32)
+    return _MATMUL(a, b)
+
+
+_MATMUL = ops.matmul
+
+
+@pytest.mark.parametrize("defective", [False, True], ids=["clean", "reduced"])
+def test_scaled_improve_precision_judges_float32_against_float64(fb_config, defective, monkeypatch):
+    if defective:
+        monkeypatch.setattr(ops, "matmul", _reduced_matmul)
+    rs = np.random.RandomState(0)
+    x, w = _t(rs.randn(32, 128)), _t(rs.randn(128, 64) / 11.0)
+    dbg, _ = run(fb_config(pert_mode="improve_precision", rule="scaled", list=["mindspore.ops.matmul"]),
+                 lambda: ops.matmul(x, w))
+    assert dbg.summary()["apis"]["Functional.matmul"]["checked"] == 1
+    if defective:
+        assert [r.api_name for r in dbg.rows] == ["Functional.matmul.0.forward"]
+        assert dbg.rows[0].detail["ulps"] > 1000
+    else:
+        assert dbg.rows == []
+    ref, _ = run(fb_config(pert_mode="improve_precision", list=["mindspore.ops.matmul"]), lambda: ops.matmul(x, w))
+    assert "inputs are already float32/float64" in ref.summary()["not_checked"]  # msprobe's skip
 
 
 class _Net(nn.Cell):
@@ -462,7 +495,7 @@ def test_plugin_probes_a_mindspore_suite(pytester):
     dump = pytester.path / "out"
     result = pytester.runpytest("--msprobe-task=free_benchmark", f"--msprobe-dump-path={dump}", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines(["*Functional.expm1.0.forward: max_rel * > threshold 0.002 (Float16*"])
+    result.stdout.fnmatch_lines(["*Functional.expm1.0.forward: max_rel * > threshold * (Float16*"])
     summary = json.loads((dump / "summary.json").read_text())
     assert summary["tests"]["test_ms_suite.py::test_risky"]["flagged_apis"] == ["Functional.expm1"]
     assert summary["tests"]["test_ms_suite.py::test_clean"]["flagged_apis"] == []

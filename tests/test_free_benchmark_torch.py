@@ -185,30 +185,33 @@ def _mode_run(fb_config, mode, fn_owner, attr, impl, dtype, make_x, monkeypatch)
     return dbg, out
 
 
+@pytest.mark.parametrize("rule", ["reference", "scaled"])
 @pytest.mark.parametrize("mode", list(MODE_CASES))
-def test_mode_catches_seeded_defect(fb_config, mode, monkeypatch):
+def test_mode_catches_seeded_defect(fb_config, mode, rule, monkeypatch):
     owner, attr, defect, _clean, dtype, make_x = MODE_CASES[mode]
     if defect is None:
         defect = seeded.nondeterministic()
-    dbg, _ = _mode_run(fb_config, mode, owner, attr, defect, dtype, make_x, monkeypatch)
+    dbg, _ = _mode_run(lambda **s: fb_config(rule=rule, **s), mode, owner, attr, defect, dtype, make_x, monkeypatch)
     rows = dbg.rows
     assert rows, f"{mode} missed the seeded defect in {attr}"
     assert all(r.api_name.endswith(".0.forward") and attr in r.api_name for r in rows)
     assert all(r.pert_mode == mode and r.stage == "forward" for r in rows)
 
 
+@pytest.mark.parametrize("rule", ["reference", "scaled"])
 @pytest.mark.parametrize("mode", list(MODE_CASES))
-def test_mode_passes_clean_api(fb_config, mode, monkeypatch):
+def test_mode_passes_clean_api(fb_config, mode, rule, monkeypatch):
     owner, attr, _defect, clean, dtype, make_x = MODE_CASES[mode]
-    dbg, _ = _mode_run(fb_config, mode, owner, attr, clean, dtype, make_x, monkeypatch)
+    dbg, _ = _mode_run(lambda **s: fb_config(rule=rule, **s), mode, owner, attr, clean, dtype, make_x, monkeypatch)
     stats = dbg.summary()["apis"]
     key = next(k for k in stats if k.endswith("." + attr))
     assert stats[key]["checked"] == 1, "the clean API was not actually checked"
     assert dbg.rows == []
 
 
+@pytest.mark.parametrize("rule", ["reference", "scaled"])
 @pytest.mark.parametrize("mode", ["no_change", "improve_precision"])
-def test_clean_fp32_model_gives_zero_rows(fb_config, mode):
+def test_clean_fp32_model_gives_zero_rows(fb_config, mode, rule):
     def work():
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(16, 32), nn.LayerNorm(32), nn.GELU(), nn.Linear(32, 4))
@@ -216,9 +219,9 @@ def test_clean_fp32_model_gives_zero_rows(fb_config, mode):
         loss.backward()
         return loss
 
-    dbg, _ = run(fb_config(pert_mode=mode), work)
+    dbg, _ = run(fb_config(pert_mode=mode, rule=rule), work)
     assert dbg.rows == []
-    if mode == "no_change":
+    if mode == "no_change" or rule == "scaled":  # the scaled rule re-runs float32 in float64
         assert sum(s["checked"] for s in dbg.summary()["apis"].values()) >= 5
 
 

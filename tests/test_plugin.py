@@ -52,11 +52,12 @@ def test_risky_test_fails_with_api_figure_threshold_and_evidence(suite):
     result = suite.runpytest_subprocess("--msprobe-task=free_benchmark", f"--msprobe-dump-path={dump}", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines([
-        "*free_benchmark (improve_precision) flagged 1 API(s) in test_suite.py::test_risky*",
-        "*Torch.expm1.0.forward: max_rel * > threshold 0.002 (torch.float16*",
+        "*free_benchmark (improve_precision, scaled rule) flagged 1 API(s) in test_suite.py::test_risky*",
+        "*Torch.expm1.0.forward: max_rel * > threshold 0.00390625 (torch.float16*",
+        "*ulps of each element (a pointwise API); msprobe's ratio rule: max_rel * vs 0.002, flagged*",
         "*evidence: *free_benchmark.csv*",
         "*msprobe free_benchmark: risky APIs*",
-        "Torch.expm1 * 1 * 1 * 0.002 * 1*",
+        "Torch.expm1 * 1 * 1 * 0.00390625 * 1*",
     ])
     summary = json.loads((dump / "summary.json").read_text())
     assert summary["tests"]["test_suite.py::test_risky"]["flagged_apis"] == ["Torch.expm1"]
@@ -139,10 +140,30 @@ def test_junit_xml_carries_the_worst_figure(suite):
     risky = cases["test_risky"]
     assert risky["msprobe_flagged_apis"] == "Torch.expm1"
     assert risky["msprobe_worst_api"] == "Torch.expm1"
-    assert float(risky["msprobe_worst_max_rel"]) > float(risky["msprobe_threshold"]) == 0.002
+    assert float(risky["msprobe_worst_max_rel"]) > float(risky["msprobe_threshold"]) == 4 * 2.0**-10
     assert "msprobe_flagged_apis" not in cases["test_clean"]
-    assert cases["test_clean"]["msprobe_apis_checked"] == "0"  # fp32 under improve_precision: nothing to upcast
+    # fp32 under improve_precision: re-run in float64 by the scaled rule, and clean
+    assert int(cases["test_clean"]["msprobe_apis_checked"]) >= 1
     assert int(risky["msprobe_apis_checked"]) >= 1
+
+
+def test_reference_rule_option_restores_msprobe_verdicts(suite):
+    dump = suite.path / "out"
+    result = suite.runpytest_subprocess("--msprobe-task=free_benchmark", "--msprobe-rule=reference",
+                                        f"--msprobe-dump-path={dump}", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines([
+        "*free_benchmark (improve_precision, reference rule) flagged 1 API(s) in test_suite.py::test_risky*",
+        "*Torch.expm1.0.forward: max_rel * > threshold 0.002 (torch.float16*",
+    ])
+    clean = json.loads((dump / "summary.json").read_text())["tests"]["test_suite.py::test_clean"]
+    assert clean["flagged_apis"] == []
+
+
+def test_bad_rule_option_names_the_allowed_values(suite):
+    result = suite.runpytest_subprocess("--msprobe-task=free_benchmark", "--msprobe-rule=loose", "-p", "no:cacheprovider")
+    assert result.ret != 0
+    result.stderr.fnmatch_lines(["*--msprobe-rule='loose'; allowed: scaled, reference*"])
 
 
 def test_session_summary_and_html_report(suite):

@@ -44,19 +44,25 @@ def suite(pytester):
 
 def test_generated_items_and_verdicts(suite):
     result = suite.runpytest_subprocess("-p", "no:cacheprovider", "-v", "-rs")
-    result.assert_outcomes(passed=4, failed=1, skipped=1)
+    result.assert_outcomes(passed=5, failed=1)
     result.stdout.fnmatch_lines_random([
         "*test_apis.py::test_softmax[[]softmax-float32-add_noise[]] PASSED*",
         "*test_apis.py::test_softmax[[]softmax-float16-improve_precision[]] PASSED*",
         "*test_apis.py::test_softmax[[]softmax-bfloat16-improve_precision[]] PASSED*",
         "*test_apis.py::test_expm1[[]expm1-float16-improve_precision[]] FAILED*",
-        "*test_apis.py::test_tanh[[]tanh-float32-improve_precision[]] SKIPPED*",
+        "*test_apis.py::test_tanh[[]tanh-float32-improve_precision[]] PASSED*",  # float32 against float64
         "*test_apis.py::test_tanh[[]tanh-float32-bit_noise[]] PASSED*",
     ])
     out = result.stdout.str()
-    assert "Torch.expm1" in out and "(float16, improve_precision): max_rel" in out and "> threshold 0.002" in out
+    assert "Torch.expm1" in out and "(float16, improve_precision): max_rel" in out and "> threshold 0.00390625" in out
+    assert "msprobe's ratio rule: max_rel" in out  # both rules' figures for the flagged call
     assert "inputs=((tensor(" in out and "@reproduce_failure" in out  # shrunk and reproducible (any Hypothesis wording)
-    assert "improve_precision has nothing to upcast in float32" in out
+
+
+def test_reference_rule_skips_float32_improve_precision_as_msprobe(suite):
+    result = suite.runpytest_subprocess("-p", "no:cacheprovider", "-rs", "--msprobe-rule=reference", "-k", "tanh")
+    result.assert_outcomes(passed=1, skipped=1)
+    assert "improve_precision under the reference rule has nothing to upcast in float32" in result.stdout.str()
 
 
 @pytest.mark.parametrize("marker, message", [
@@ -86,14 +92,14 @@ def test_fail_on_never_reports_and_xdist_merges(suite):
     dump = suite.path / "out"
     result = suite.runpytest_subprocess("-p", "no:cacheprovider", "--msprobe-fail-on=never", "-n", "2",
                                         f"--msprobe-dump-path={dump}")
-    result.assert_outcomes(passed=5, skipped=1)
+    result.assert_outcomes(passed=6)
     result.stdout.fnmatch_lines([
         "*msprobe per-API checks*",
-        "torch.expm1 [[]float16, improve_precision[]]: Torch.expm1.* > threshold 0.002*",
-        "4 of 5 API x dtype x mode checks within their thresholds",
+        "torch.expm1 [[]float16, improve_precision[]]: Torch.expm1.* > threshold 0.00390625*",
+        "5 of 6 API x dtype x mode checks within their thresholds",
     ])
     checks = json.loads((dump / "api_checks.json").read_text())["tests"]
-    assert len(checks) == 5  # both workers' results, merged by the controller
+    assert len(checks) == 6  # both workers' results, merged by the controller
     assert [c["api"] for c in checks if c["flagged"]] == ["torch.expm1"]
 
 

@@ -95,6 +95,20 @@ class BackendDefaults:
     def to_compute(self, t: Any, like: Any) -> Any:  # pragma: no cover - every backend defines it
         raise NotImplementedError
 
+    def lacks_float64(self, t: Any) -> bool:
+        """True when the tensor's device cannot run float64 kernels (the re-run goes to the CPU)."""
+        return False
+
+    def scaled_figures(self, a: Any, b: Any, eps: float, elementwise: bool = False) -> Any:
+        """The scaled rule's device figures (probes.core.scaled.scaled_error) of an original
+        leaf `a` against a reference leaf `b`, in b's compute dtype and on b's device
+        (`elementwise`: each element at its own magnitude)."""
+        from probes.core import scaled
+
+        extra = {"floor": 0.0, "min_row": 1} if elementwise else {}
+        return scaled.scaled_error(self.namespace(b), self.to_compute(a, b), self.to_compute(b, b), eps,
+                                   self.shape(b), **extra)
+
     def ratio_reductions(self, a: Any, b: Any, tol: float) -> Any:
         """The ratio rule's device figures (probes.core.metrics.ratio_reductions) for an
         original leaf `a` and a perturbed leaf `b` of any float dtype."""

@@ -223,6 +223,29 @@ class MindSporeBackend(BackendDefaults):
             return t.astype(mstype.float32)
         return t
 
+    # the device has no float64 (Ascend) and a PyNative call cannot be moved to the CPU here:
+    # improve_precision then skips float32 calls with that reason (see lacks_float64)
+    reruns_on_cpu = False
+    _ascend: bool | None = None
+
+    def lacks_float64(self, t: Any) -> bool:
+        if self._ascend is None:  # the target is fixed once MindSpore has run an operator
+            MindSporeBackend._ascend = ms.get_context("device_target") == "Ascend"
+        return bool(self._ascend)
+
+    def raise_precision(self, x: Any, source: str, on_cpu: bool = False) -> Any:
+        """improve_precision's raise of one argument leaf (see the torch backend), or None.
+        MindSpore's CPU and GPU targets run float64; `on_cpu` does not arise here."""
+        if isinstance(x, Tensor):
+            if source == "half":
+                return x.astype(mstype.float32) if x.dtype in _LOW_PRECISION else None
+            return x.astype(mstype.float64) if x.dtype == mstype.float32 else None
+        if isinstance(x, mstype.Float):
+            if source == "half":
+                return mstype.float32 if x in _LOW_PRECISION else None
+            return mstype.float64 if (x in _LOW_PRECISION or x == mstype.float32) else None
+        return None
+
     def to_compute(self, t: Any, like: Any) -> Any:
         dtype = like.dtype if like.dtype in _COMPUTE else mstype.float32
         return t.astype(dtype)

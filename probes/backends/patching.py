@@ -31,6 +31,9 @@ class ApiMeta:
     exclusion: str | None = None
     inplace_pos: int | None = None  # position of an `inplace` parameter, for F.relu(x, True)
     mutates_inputs: bool = False
+    # each output element depends on the inputs' elements at its own position only (aten's
+    # pointwise tag): improve_precision / to_cpu judge such an API element by element
+    pointwise: bool = False
     wrapper: Callable[..., Any] | None = field(default=None, repr=False)
 
     @property

@@ -1,8 +1,9 @@
 """The PyTorch APIs free_benchmark can hook, and the wrapping that hooks them.
 
-Families and name prefixes follow the reference (spec §2.1): `torch` → Torch, `torch.Tensor`
-methods → Tensor, `torch.nn.functional` → Functional, torch_npu → NPU. Names are qualified
-(`Torch.linalg.norm`, B19). The catalog is built from the installed framework, so an API that
+Families and name prefixes follow the reference (spec §2.1): `torch` and its submodules
+linalg, fft, special, masked → Torch, `torch.Tensor` methods → Tensor, `torch.nn.functional` →
+Functional, torch_npu → NPU. Names are qualified (`Torch.linalg.norm`, `Torch.masked.softmax`,
+B19). The catalog is built from the installed framework, so an API that
 does not exist is simply absent. Wrapping replaces attributes at start and puts the very same
 objects back at stop: after `uninstall()`, `torch.nn.functional.linear is torch._C._nn.linear`.
 """
@@ -37,6 +38,17 @@ _ALLOWED_DUNDERS = {
     "__iadd__", "__isub__", "__imul__", "__imatmul__", "__itruediv__", "__idiv__", "__ifloordiv__", "__imod__",
     "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__", "__setitem__",
 }
+# Public torch namespaces whose functions are tensor math, hooked as `Torch.{sub}.{name}`.
+# torch.masked: masked reductions and normalisations (softmax, log_softmax, normalize, sum,
+# mean, var, std, norm, logsumexp, ...) computed in their own Python code, not through the
+# hooked torch.* names (an inner call is not hooked anyway: outermost only). Deliberately not
+# hooked: torch.sparse (sparse layouts in and out, which the dense perturbations and chunked
+# comparisons do not handle), torch.nested (constructors and views), torch.signal.windows
+# (factories without tensor inputs: nothing to perturb), torch.nn.init (in-place and random),
+# torch.func/torch.autograd.functional (transforms of callables, whose inner calls are hooked),
+# torch.distributions (classes over the hooked ops) and torch.nn.attention.flex_attention (a
+# higher-order op meant for torch.compile, whose eager path is a debugging fallback).
+_TORCH_SUBMODULES = ("linalg", "fft", "special", "masked")
 # APIs that update some of their inputs as a side effect although their names do not end in "_":
 # their re-run gets copies of every tensor argument.
 _MUTATES_INPUTS = {"batch_norm", "instance_norm", "native_batch_norm", "embedding", "group_norm_stats"}
@@ -58,10 +70,34 @@ def _module_entries(module: Any, prefix: str, qual_prefix: str, names: list[str]
     return metas
 
 
+# Python operators and the aten op each computes
+_DUNDER_OPS = {"add": "add", "radd": "add", "sub": "sub", "rsub": "sub", "mul": "mul", "rmul": "mul",
+               "truediv": "div", "rtruediv": "div", "div": "div", "rdiv": "div", "pow": "pow", "rpow": "pow",
+               "neg": "neg", "pos": "positive", "abs": "abs", "floordiv": "floor_divide",
+               "rfloordiv": "floor_divide", "mod": "remainder", "rmod": "remainder"}
+
+
+def _is_pointwise(name: str) -> bool:
+    """Whether the aten op of this name carries aten's pointwise tag on its tensor overload."""
+    if name.startswith("__") and name.endswith("__"):
+        name = _DUNDER_OPS.get(name[2:-2], "")
+    packet = getattr(torch.ops.aten, name, None) if name else None
+    if packet is None or not hasattr(packet, "overloads"):
+        return False
+    pointwise = getattr(torch, "Tag", None) and torch.Tag.pointwise
+    try:
+        return any((o == "default" or o.startswith("Tensor")) and pointwise in getattr(packet, o).tags
+                   for o in packet.overloads())
+    except Exception:  # an op packet that cannot list its overloads: judge it as a whole tensor
+        return False
+
+
 def _classify(meta: ApiMeta) -> None:
     meta.exclusion = exclusions.exclusion_reason(meta.qualname)
     name = meta.qualname.rsplit(".", 1)[-1]
     meta.mutates_inputs = name in _MUTATES_INPUTS
+    if meta.exclusion is None and "." not in meta.qualname:  # torch.special.x / linalg.x: not aten names
+        meta.pointwise = _is_pointwise(name)
     if meta.prefix == "Functional":
         meta.inplace_pos = _inplace_position(meta.original)
 
@@ -104,7 +140,7 @@ def build_catalog() -> tuple[ApiMeta, ...]:
 
     metas: list[ApiMeta] = []
     metas += _module_entries(torch, "Torch", "", _torch_names())
-    for sub in ("linalg", "fft", "special"):
+    for sub in _TORCH_SUBMODULES:
         mod = getattr(torch, sub, None)
         if mod is not None:
             metas += _module_entries(mod, "Torch", sub + ".", _public(mod))

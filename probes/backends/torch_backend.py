@@ -7,9 +7,9 @@ from typing import Any
 
 import torch
 
-from probes.backends import torch_autodiff
+from probes.backends import torch_autodiff, torch_xp
 from probes.backends.base import BackendDefaults
-from probes.core import metrics
+from probes.core import metrics, scaled
 
 try:  # array-api-compat gives the torch namespace the core's formulas are written against
     import array_api_compat.torch as _xp_torch
@@ -26,6 +26,9 @@ _INT_VIEW = {"float16": torch.int16, "bfloat16": torch.int16, "float32": torch.i
 # Every floating dtype narrower than float32 is raised to float32 by improve_precision (B29: an
 # explicit table, not "fp16/bf16 only").
 _LOW_PRECISION = {torch.float16, torch.bfloat16}
+# Devices whose kernels largely lack float64 (Ascend NPUs, Apple MPS): improve_precision's float64
+# re-run of a float32 call happens on the CPU there, with the inputs copied over.
+NO_FLOAT64_DEVICES = frozenset({"npu", "mps"})
 for _name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu"):
     if hasattr(torch, _name):
         _LOW_PRECISION.add(getattr(torch, _name))
@@ -69,6 +72,34 @@ class TorchBackend(BackendDefaults):
         if isinstance(t, torch.Tensor) and t.dtype in _LOW_PRECISION:
             return t.detach().to(torch.float32)
         return t
+
+    def raise_precision(self, x: Any, source: str, on_cpu: bool = False) -> Any:
+        """improve_precision's raise of one argument leaf, or None when it stays as it is.
+        source "half": fp16/bf16/fp8 tensors and dtype arguments become float32; "float32":
+        float32 tensors and every narrower dtype argument become float64 (`on_cpu`: copied to
+        the CPU first, for devices without float64). Raising `dtype=` with the tensors keeps
+        calls like vector_norm(x, dtype=torch.bfloat16) checkable."""
+        if isinstance(x, torch.Tensor):
+            if source == "half":
+                return x.detach().to(torch.float32) if x.dtype in _LOW_PRECISION else None
+            if x.dtype == torch.float32:
+                return x.detach().to(device="cpu" if on_cpu else x.device, dtype=torch.float64)
+            return x.detach().to("cpu") if on_cpu else None
+        if isinstance(x, torch.dtype) and x.is_floating_point:
+            if source == "half":
+                return torch.float32 if x in _LOW_PRECISION else None
+            return torch.float64 if (x in _LOW_PRECISION or x == torch.float32) else None
+        return None
+
+    def lacks_float64(self, t: Any) -> bool:
+        return t.device.type in NO_FLOAT64_DEVICES
+
+    def scaled_figures(self, a: Any, b: Any, eps: float, elementwise: bool = False) -> Any:
+        """The scaled rule's figures (probes.core.scaled) over torch's C functions, which user
+        patches of the torch module (torch.sum replaced by a test's seeded defect) leave alone."""
+        extra = {"floor": 0.0, "min_row": 1} if elementwise else {}
+        return scaled.scaled_error(torch_xp, self.to_compute(a, b), self.to_compute(b, b), eps, tuple(b.shape),
+                                   **extra)
 
     def ratio_reductions(self, a: Any, b: Any, tol: float) -> Any:
         """metrics.ratio_reductions for an original leaf `a` and a perturbed leaf `b`, computed

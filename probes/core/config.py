@@ -66,6 +66,8 @@ FUZZ_DEVICES = ("npu", "cpu")
 FUZZ_LEVELS = ("L1",)
 LEVELS = ("L0", "L1", "L2", "mix", "debug")
 ADD_NOISE_STYLES = ("ulp", "reference")
+#: free_benchmark verdicts: msprobe's element-wise ratio rule, or the scale-aware rule (probes/core/scaled.py).
+RULES = ("reference", "scaled")
 GRAD_LEVELS = ("L0", "L1", "L2")
 
 #: Keys of the ``"grad_probe"`` section (spec grad_probe_online_dispatch.md §1.2).
@@ -92,6 +94,7 @@ FREE_BENCHMARK_KEYS = (
     "preheat_step",
     "max_sample",
     "add_noise_style",
+    "rule",
 )
 
 # msprobe keys that are legal in a shared config.json but mean nothing to this tool: accepted silently.
@@ -129,6 +132,9 @@ class FreeBenchmarkConfig:
     preheat_step: int = 15
     max_sample: int = 20
     add_noise_style: str = "ulp"  # our extension: "reference" keeps msprobe 8.3.3's add_noise
+    # our extension: "reference" = msprobe's element-wise ratio rule (the drop-in default for a
+    # config.json), "scaled" = the scale-aware rule the pytest plugin gates on
+    rule: str = "reference"
 
     def to_dict(self) -> dict[str, Any]:
         """The section as JSON data with the reference's key names, so it can be fed back to load_config."""
@@ -144,6 +150,7 @@ class FreeBenchmarkConfig:
             "preheat_step": self.preheat_step,
             "max_sample": self.max_sample,
             "add_noise_style": self.add_noise_style,
+            "rule": self.rule,
         }
 
 
@@ -535,6 +542,7 @@ def _free_benchmark(fb: Mapping[Any, Any]) -> FreeBenchmarkConfig:
         add_noise_style=_choice(
             p + "add_noise_style", fb.get("add_noise_style"), ADD_NOISE_STYLES, d.add_noise_style
         ),
+        rule=_choice(p + "rule", fb.get("rule"), RULES, d.rule),
     )
 
     # to_cpu <=> cpu, both directions: "npu" means "the original call's device", which to_cpu
@@ -576,6 +584,14 @@ def _free_benchmark(fb: Mapping[Any, Any]) -> FreeBenchmarkConfig:
                 'preheat tunes the check thresholds and cannot be used with handler_type "fix"; it must be false',
                 hint='set "if_preheat": false, or use handler_type "check"',
             )
+    if cfg.if_preheat and cfg.rule == "scaled":
+        raise ConfigError(
+            p + "if_preheat",
+            cfg.if_preheat,
+            'preheat learns thresholds for the element-wise ratio rule; with "rule": "scaled" it must be false',
+            hint='the scaled rule judges each output at its own scale and needs no warm-up: set "if_preheat": false, '
+                 'or "rule": "reference" to tune msprobe\'s rule',
+        )
     if cfg.fuzz_stage == "backward" and not cfg.api_list and not cfg.scope:
         raise ConfigError(
             p + "list",

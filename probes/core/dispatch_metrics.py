@@ -18,6 +18,14 @@ passes, where ``scale`` is the largest finite magnitude among the op's floating 
 outputs of the leaf, and ``reduction`` = numel(largest input) / numel(leaf), the number of input
 elements that meet in one output element (a sum over N terms accumulates about sqrt(N)
 roundings). Integer and boolean leaves have no floor: they must match exactly.
+
+A second rule, the *scaled* rule, reads the figure `scaled_figure` appends: the largest error
+of the leaf at its own scale (probes/core/scaled.py: per-row RMS-floored relative error), which
+fails when above ``DISPATCH_SCALED_THRESHOLD`` of the device dtype (probes/core/thresholds.py).
+The documented rule is blind to a relative error whose absolute size stays small (an fp32 kernel
+computing in TF32: relative error 1e-3, Cosine 0.999999, MaxAbsErr 1e-3); the scaled rule is not.
+``judge(rule=...)`` applies either or both ("both", the default: a leaf fails when either fails);
+the noise floor passes a leaf under both.
 """
 
 from __future__ import annotations
@@ -26,7 +34,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from probes.core import metrics
+from probes.core import metrics, scaled
+from probes.core.thresholds import dispatch_scaled_threshold
 
 # The documented rule (§6.1), by name.
 COS_THRESHOLD = 0.99
@@ -59,6 +68,14 @@ CHUNK_ELEMENTS = 1 << 17
 # measured only for leaves that fail the literal rule (`max_relative_error`, `input_stats`).
 DOT, DEV_SQ, REF_SQ, MAX_ABS, NONFINITE_MISMATCH, FINITE_COUNT = range(6)
 FIGURE_COUNT = 6
+# The scaled rule's figure (`scaled_figure`) follows them in the vector a caller gathers per leaf:
+# max |dev - ref| / max(|ref|, row scale), relative (0 for integer / bool leaves).
+SCALED = FIGURE_COUNT
+LEAF_FIGURE_COUNT = FIGURE_COUNT + 1
+NOT_MEASURED = -1.0  # the scaled figure's value when the caller skipped it (rule="reference")
+# The verdict rules (judge's `rule`): the documented one, the scaled one, or a failure of either.
+RULE_REFERENCE, RULE_SCALED, RULE_BOTH = "reference", "scaled", "both"
+RULES = (RULE_BOTH, RULE_REFERENCE, RULE_SCALED)
 # Layout of the statistics vector of one leaf (the CSV's max/min/mean): max, min, sum, finite count.
 STAT_COUNT = 4
 # Layout of the single-benchmark vector (§6.2).
@@ -126,6 +143,34 @@ def masked_leaf_figures(xp: Any, dev: Any, ref: Any) -> Any:
     """`leaf_figures` for leaves holding inf/NaN (the caller retries with this when a figure of
     the fast path came out non-finite)."""
     return _masked_figures(xp, _f64(xp, xp.reshape(dev, (-1,))), _f64(xp, xp.reshape(ref, (-1,))))
+
+
+def reference_rms(figures: list[float]) -> float:
+    """The reference's RMS over the leaf's finite elements, from its FIGURE_COUNT figures."""
+    count = figures[FINITE_COUNT]
+    return math.sqrt(max(figures[REF_SQ], 0.0) / count) if count > 0 else 0.0
+
+
+def scaled_bound(figures: list[float], eps: float) -> float:
+    """An upper bound of the leaf's scaled error from its documented-rule figures (MaxAbsErr over
+    the floor scale: scaled.error_bound); inf when a figure is not finite."""
+    if not all(math.isfinite(v) for v in figures):
+        return math.inf
+    return scaled.error_bound(max_abs_err(figures), reference_rms(figures), eps)
+
+
+def scaled_figure(xp: Any, dev: Any, ref: Any, eps: float | None, masked: bool = False,
+                  unmeasured: bool = False, tensor_rms: float | None = None) -> Any:
+    """1-element device float64 array: the scaled error of a device leaf against its reference
+    (`scaled.scaled_error`, rows by the leaf's shape), `eps` the device dtype's machine epsilon,
+    None for integer / bool leaves (0: they are compared exactly; NOT_MEASURED with
+    `unmeasured`). `dev` may be narrower than `ref` (raised chunk by chunk). The fast path assumes
+    finite values: an inf or NaN makes the figure non-finite and the caller retries with
+    `masked=True`, as for `leaf_figures`."""
+    if eps is None:
+        return xp.full((1,), NOT_MEASURED if unmeasured else 0.0, dtype=xp.float64)
+    err = scaled.scaled_error(xp, dev, ref, eps, tuple(dev.shape), finite=not masked, tensor_rms=tensor_rms)[0]
+    return xp.reshape(_f64(xp, err), (1,))
 
 
 def needs_masked_pass(figures: list[float]) -> bool:
@@ -196,6 +241,8 @@ class LeafVerdict:
     accuracy: str
     message: str
     floor: float
+    failed_rule: str = ""  # "reference", "scaled", "both" or "" (the CSV's FailedRule)
+    scaled_ulps: float | str = ""  # the scaled figure in ulps of the device dtype ("" when not measured)
 
     @property
     def failed(self) -> bool:
@@ -227,19 +274,44 @@ def rule_fails(cosine: float, max_abs_err: float) -> bool:
     )
 
 
-def judge(figures: list[float], numel: int, dtype_name: str, floor: float) -> LeafVerdict:
+def rule_label(reference_failed: bool, scaled_failed: bool) -> str:
+    """The FailedRule value: which rule(s) failed a leaf."""
+    if reference_failed and scaled_failed:
+        return RULE_BOTH
+    return RULE_REFERENCE if reference_failed else (RULE_SCALED if scaled_failed else "")
+
+
+def scaled_ulps(figure: float, dtype_name: str) -> float | str:
+    """The scaled figure in ulps (units of the dtype's machine epsilon); "" for non-float dtypes."""
+    eps = DTYPE_EPS.get(dtype_name)
+    return "" if eps is None else figure / eps
+
+
+def judge(figures: list[float], numel: int, dtype_name: str, floor: float, rule: str = RULE_BOTH,
+          scaled_applies: bool = True) -> LeafVerdict:
     """Verdict of one leaf from the host copy of its figures.
 
-    Order: non-finite values that disagree fail; a MaxAbsErr within the noise floor passes; a
-    one-element leaf has no cosine (spec: "tensor is scalar") and is judged as if its cosine
-    were the sign agreement (+1 / -1); otherwise the documented rule, where a side that is all
-    zero while the other is not (cosine undefined) fails.
+    Order: non-finite values that disagree fail (under either rule); integer / bool values must
+    match exactly; a MaxAbsErr within the noise floor passes; otherwise the leaf fails when the
+    documented rule fails it (rule "reference" or "both") or its scaled figure is above the
+    dtype's DISPATCH_SCALED_THRESHOLD (rule "scaled" or "both"; only for float tensor leaves with
+    a scaled figure: `scaled_applies` is False for Python scalars, and figure vectors of
+    FIGURE_COUNT entries have none). For the documented rule a one-element leaf has no cosine
+    (spec: "tensor is scalar") and is judged as if its cosine were the sign agreement (+1 / -1),
+    and a side that is all zero while the other is not (cosine undefined) fails.
     """
     count = figures[FINITE_COUNT]
     max_abs = max_abs_err(figures)
     max_rel: float | str = ""  # evidence, measured for failing leaves by the caller
-    common = dict(floor=floor)
+    use_reference = rule in (RULE_REFERENCE, RULE_BOTH)
+    use_scaled = rule in (RULE_SCALED, RULE_BOTH)
     exact = dtype_name not in FLOAT_DTYPE_NAMES
+    figure = figures[SCALED] if len(figures) > SCALED and scaled_applies and not exact else None
+    if figure is not None and figure < 0.0:  # NOT_MEASURED
+        figure = None
+    ulps = scaled_ulps(figure, dtype_name) if figure is not None else ""
+    common = dict(floor=floor, scaled_ulps=ulps)
+    every_rule = rule_label(use_reference, use_scaled)
     messages = []
     if numel == 1:
         cosine: float | str = "unsupported"
@@ -254,7 +326,7 @@ def judge(figures: list[float], numel: int, dtype_name: str, floor: float) -> Le
             messages.append(msg)
     if figures[NONFINITE_MISMATCH] > 0:
         messages.append(f"inf/nan differ at {int(figures[NONFINITE_MISMATCH])} positions")
-        return LeafVerdict(cosine, max_abs, max_rel, NO, "; ".join(messages), **common)
+        return LeafVerdict(cosine, max_abs, max_rel, NO, "; ".join(messages), failed_rule=every_rule, **common)
     if count == 0:
         messages.append("no finite values; inf/nan positions agree")
         return LeafVerdict(cosine, 0.0, 0.0, YES, "; ".join(messages), **common)
@@ -262,13 +334,20 @@ def judge(figures: list[float], numel: int, dtype_name: str, floor: float) -> Le
         accuracy = YES if max_abs == 0 else NO
         if accuracy == NO:
             messages.append("integer/bool values differ")
-        return LeafVerdict(cosine, max_abs, max_rel, accuracy, "; ".join(messages), **common)
-    literal_fail = effective is None or rule_fails(effective, max_abs)
+        return LeafVerdict(cosine, max_abs, max_rel, accuracy, "; ".join(messages),
+                           failed_rule=every_rule if accuracy == NO else "", **common)
+    literal_fail = use_reference and (effective is None or rule_fails(effective, max_abs))
+    threshold = dispatch_scaled_threshold(dtype_name)
+    scaled_fail = use_scaled and figure is not None and threshold is not None and figure > threshold
+    if scaled_fail:
+        messages.append(f"scaled error {ulps:.4g} ulp > {threshold / DTYPE_EPS[dtype_name]:.4g} ulp")
     if max_abs <= floor:
-        if literal_fail:
+        if literal_fail or scaled_fail:
             messages.append(f"within the rounding-noise floor {floor:.3e}")
         return LeafVerdict(cosine, max_abs, max_rel, YES, "; ".join(messages), **common)
-    return LeafVerdict(cosine, max_abs, max_rel, NO if literal_fail else YES, "; ".join(messages), **common)
+    failed = rule_label(literal_fail, scaled_fail)
+    return LeafVerdict(cosine, max_abs, max_rel, NO if failed else YES, "; ".join(messages), failed_rule=failed,
+                       **common)
 
 
 def format_figure(value: float | str) -> str:

@@ -38,3 +38,28 @@ class FreeBenchmarkRow:
         d.update(api=self.api, threshold=self.threshold, detail=dict(self.detail),
                  figure="inf" if self.figure == float("inf") else self.figure)
         return d
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def rule_figures(detail: dict[str, Any]) -> str:
+    """Both rules' view of a flagged leaf judged by the scaled rule, for failure messages:
+    its error in ulps of the output dtype at the output's scale, and what msprobe's ratio rule
+    says of the same call. Empty for the reference rule (its max_rel says it all)."""
+    if detail.get("rule") != "scaled":
+        return ""
+    parts = []
+    if "ulps" in detail:
+        where = "of each element (a pointwise API)" if detail.get("scale") == "element" else "at the output's scale"
+        parts.append(f"{_fmt(float(detail['ulps']))} ulps {where}")
+    if detail.get("input_move"):
+        parts.append(f"input moved {_fmt(float(detail['input_move']))} at its scale")
+    ref = detail.get("reference_max_rel")
+    if ref is not None:
+        verdict = "flagged" if detail.get("reference_consistent") is False else "passed"
+        limit = detail.get("reference_threshold")
+        parts.append(f"msprobe's ratio rule: max_rel {_fmt(ref)}" + (f" vs {_fmt(limit)}" if limit is not None else "")
+                     + f", {verdict}")
+    return "; ".join(parts)

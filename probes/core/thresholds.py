@@ -70,7 +70,66 @@ def single_benchmark_threshold(dtype_name: str) -> SingleBenchmarkThreshold:
     return SINGLE_BENCHMARK.get(dtype_name, SINGLE_BENCHMARK["float32"])
 
 
+# online_dispatch's scaled rule (probes/core/scaled.py; rule="scaled" or "both"): the most an op's
+# output may differ from the CPU reference at its own scale, relative, per device output dtype.
+# Calibrated on PyTorch's CPU kernels, forward and backward, against float64
+# (benchmarks/online_dispatch_calibration.py; ~1500 output leaves of transformers, a Llama, conv /
+# norm / pool layers, 1e5-long reductions, elementwise math):
+# - float32 2e-4 (1,678 ulps): clean kernels p99 13 ulps, max 840 over outputs above the noise
+#   floor (log_softmax backward of a uniform gradient over 1e5 terms); a matmul of inputs rounded
+#   to 10 mantissa bits (TF32 / HF32) scores >= 9,100 ulps, to 7 (bf16 math) >= 74,000.
+# - bfloat16 / float16 4 ulps: clean max 2.2 / 2.0 ulps (correctly rounded: <= 0.5); a bf16 matmul
+#   accumulating in bf16 over 64 terms scores 6.4 ulps, fp8-rounded inputs 17-19.
+# - float64 1e-10 (~450,000 ulps): not measurable on a CPU (its own reference); catches fp32 math
+#   behind a float64 API (~1e-7) and leaves room for another summation order.
+DISPATCH_SCALED_THRESHOLD = {"float32": 2e-4, "bfloat16": 4 * 2.0**-7, "float16": 4 * 2.0**-10, "float64": 1e-10}
+
+
+def dispatch_scaled_threshold(dtype_name: str) -> float | None:
+    """The scaled rule's limit for an output of this dtype; None for integer / bool outputs."""
+    return DISPATCH_SCALED_THRESHOLD.get(dtype_name)
+
+
 # grad_probe's direction rule (msprobe docs): a gradient-direction similarity below 0.97 at the
 # first compared step, or a drop of more than 0.03 between compared steps, marks a problem.
 DIRECTION_FIRST_STEP_MIN = 0.97
 DIRECTION_MAX_DROP = 0.03
+
+
+# The scale-aware rule (probes/core/scaled.py; free_benchmark `"rule": "scaled"`): an output's
+# error at its own scale, relative, so a correctly rounded result scores at most EPS/2.
+MACHINE_EPS = {"bfloat16": 2.0**-7, "float16": 2.0**-10, "float32": 2.0**-23, "float64": 2.0**-52}
+# improve_precision / to_cpu / change_value: the most an output may differ at its scale.
+# - float32 and float64: msprobe's 0.0002 (about 1,700 fp32 ulps). An fp32 kernel computing in a
+#   reduced precision (TF32/HF32: 10-bit mantissas, 2^-11; bf16 math: 2^-8) is off by 5e-4 or more;
+#   an honest fp32 accumulation over 10^6 terms stays near 1e-6.
+# - float16 / bfloat16: 4 ulps. A correctly rounded result scores 0.5; the clean kernels of a
+#   Llama training step in bf16 score at most 0.97 (attention), forward; the calibration is in
+#   README "The scaled rule".
+SCALED_THRESHOLD = {"bfloat16": 4.0 * 2.0**-7, "float16": 4.0 * 2.0**-10, "float32": 2e-4, "float64": 2e-4}
+SCALED_THRESHOLD_DEFAULT = 2e-4
+# The backward stage's gradients chain several roundings of the dtype (attention's dP, dS, dQ):
+# 16 ulps for half dtypes (measured: 6.8 ulps in a bf16 Llama's attention gradients), the same
+# relative threshold for float32/float64 (their clean gradients score under 20 fp32 ulps).
+SCALED_BACKWARD_THRESHOLD = {"bfloat16": 16.0 * 2.0**-7, "float16": 16.0 * 2.0**-10, "float32": 2e-4,
+                             "float64": 2e-4}
+# add_noise / bit_noise: a well-conditioned API moves its outputs by about as much as its inputs
+# moved (both at their scales). The allowance is SCALED_THRESHOLD + NOISE_AMPLIFICATION x the
+# input's move, so an API is flagged when it amplifies a one-ulp input move more than this.
+NOISE_AMPLIFICATION = 16.0
+
+
+def machine_eps(dtype_name: str) -> float:
+    return MACHINE_EPS.get(dtype_name, MACHINE_EPS["float32"])
+
+
+def scaled_threshold(dtype_name: str, pert_mode: str, input_move: float = 0.0, stage: str = "forward") -> float:
+    """The scaled rule's limit for an output of this dtype under this mode and stage;
+    `input_move` is the perturbed input's move at its scale (add_noise / bit_noise only)."""
+    if pert_mode == "no_change":
+        return 0.0  # determinism: any difference is reported
+    table = SCALED_BACKWARD_THRESHOLD if stage == "backward" else SCALED_THRESHOLD
+    base = table.get(dtype_name, SCALED_THRESHOLD_DEFAULT)
+    if pert_mode in ("add_noise", "bit_noise"):
+        return base + NOISE_AMPLIFICATION * input_move
+    return base

@@ -179,6 +179,7 @@ class BackwardCheck:
                 g_pert = self._vjp(call, pert.args, pert.kwargs, cotangents)
         finally:
             b.rng_restore(after)
+        move = probe.input_move(pert) if pert is not None else None
         pert = None  # free the perturbed inputs before comparing
         pairs = [(i, g, h) for i, (g, h) in enumerate(zip(g_orig, g_pert)) if g is not None or h is not None]
         if any(g is None or h is None for _i, g, h in pairs):
@@ -188,7 +189,8 @@ class BackwardCheck:
         perturbed = {i: h for i, _g, h in pairs}
         try:
             verdicts = compare_outputs(b, original, perturbed, pert_mode=probe.fb.pert_mode,
-                                       tolerance=th.BACKWARD_TOLERANCE)
+                                       tolerance=th.BACKWARD_TOLERANCE, rule=probe.fb.rule, input_move=move,
+                                       stage="backward")
         except StructureMismatch as exc:
             probe._skip(call.key, f"perturbed gradients have another structure ({exc})")
             return

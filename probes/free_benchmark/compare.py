@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from probes.core import metrics
+from probes.core import metrics, scaled
 from probes.core import thresholds as th
 
 
@@ -55,11 +55,20 @@ def _pair_leaves(backend: Any, a: Any, b: Any, path: tuple = ()):
 
 
 def compare_outputs(
-    backend: Any, original: Any, perturbed: Any, *, pert_mode: str, tolerance: float | None = None
+    backend: Any, original: Any, perturbed: Any, *, pert_mode: str, tolerance: float | None = None,
+    rule: str = "reference", input_move: Any = None, stage: str = "forward", pointwise: bool = False,
 ) -> list[LeafVerdict]:
     """Verdicts for every comparable leaf. `tolerance` overrides the forward clamp floor
-    (the backward stage uses 1e-3 for every dtype)."""
+    (the backward stage uses 1e-3 for every dtype). `rule`: "reference" (msprobe's ratio rule,
+    or the single-benchmark rule for to_cpu) or "scaled" (probes/core/scaled.py); `input_move`:
+    the device figures of the perturbed input's move (scaled rule, add_noise / bit_noise);
+    `pointwise`: the API is element-by-element (aten's pointwise tag), so under improve_precision
+    and to_cpu, which re-run it on the same input values, the scaled rule judges every element at
+    its own magnitude (there is no cancellation across elements to forgive)."""
     pairs = list(_pair_leaves(backend, original, perturbed))
+    if rule == "scaled":
+        elementwise = pointwise and stage == "forward" and pert_mode in ("improve_precision", "to_cpu")
+        return _in_output_order(pairs, _scaled(backend, pairs, pert_mode, tolerance, input_move, stage, elementwise))
     if pert_mode == "to_cpu":
         return _in_output_order(pairs, _single_benchmark(backend, pairs))
     device_figures: list[Any] = []
@@ -195,3 +204,87 @@ def _single_verdict(backend: Any, path, a: Any, h: list[float], limits: Any) -> 
                        backend.shape_repr(a),
                        {"abs_err": sv.abs_err, "rel_err": sv.rel_err, "error_balance": sv.error_balance,
                         "nonfinite_mismatch": sv.nonfinite_mismatch})
+
+
+def _scaled(backend: Any, pairs: list, pert_mode: str, tolerance: float | None, input_move: Any,
+            stage: str, elementwise: bool) -> list[LeafVerdict]:
+    """The scaled rule for every leaf: one host transfer for all figures (and the input's move),
+    a second one only for a flagged leaf, to report msprobe's figure next to the scaled one."""
+    figures: list[Any] = []
+    plans: list[tuple[str, tuple, Any, Any]] = []
+    verdicts: list[LeafVerdict] = []
+    for path, a, b in pairs:
+        if backend.is_tensor(a):
+            if backend.numel(a) == 0:
+                continue
+            if backend.is_float(a) and backend.is_float(b):
+                figures.append(backend.scaled_figures(a, b, th.machine_eps(backend.dtype_name(a)), elementwise))
+                plans.append(("scaled", path, a, b))
+            else:
+                figures.append(backend.any_differ(a, b))
+                plans.append(("exact", path, a, b))
+        elif isinstance(a, float) and isinstance(b, (int, float)) and not isinstance(b, bool):
+            verdicts.append(_scalar_scaled(path, a, float(b), pert_mode))
+        elif isinstance(a, (bool, int)) and a != b:
+            verdicts.append(_exact_verdict(path, a, 1.0, type(a).__name__, "", pert_mode))
+    if input_move is not None:
+        figures.append(input_move)
+    host = backend.host_floats(figures)
+    move = 0.0
+    if input_move is not None:
+        move = scaled.finish(host.pop())[0]
+        move = move if math.isfinite(move) else 0.0
+    flagged = []
+    for (kind, path, a, b), h in zip(plans, host):
+        if kind == "exact":
+            verdicts.append(_exact_verdict(path, a, h[0], backend.dtype_repr(a), backend.shape_repr(a), pert_mode))
+            continue
+        name = backend.dtype_name(a)
+        err, nan_mm, inf_mm = scaled.finish(h)
+        limit = th.scaled_threshold(name, pert_mode, move, stage)
+        ok = not (nan_mm or inf_mm) and err <= limit
+        max_rel: float | str = "nan_mismatch" if nan_mm else "inf_mismatch" if inf_mm else err
+        detail = {"rule": "scaled", "scaled_error": err, "ulps": err / th.machine_eps(name),
+                  "scale": "element" if elementwise else "row",
+                  "nan_mismatch": nan_mm, "inf_mismatch": inf_mm}
+        if input_move is not None:
+            detail["input_move"] = move
+        v = LeafVerdict(path, a, ok, max_rel, round(limit, 12), math.inf if (nan_mm or inf_mm) else 1.0 + err,
+                        backend.dtype_repr(a), backend.shape_repr(a), detail)
+        verdicts.append(v)
+        if not ok:
+            flagged.append((v, a, b))
+    if flagged:
+        _add_reference_figures(backend, flagged, pert_mode, tolerance)
+    return verdicts
+
+
+def _add_reference_figures(backend: Any, flagged: list, pert_mode: str, tolerance: float | None) -> None:
+    """msprobe's figure for each flagged leaf (its ratio rule's max_rel, or the single-benchmark
+    relative error for to_cpu), so a report can show both rules' view of the same call."""
+    figs = []
+    for _v, a, b in flagged:
+        tol = tolerance if tolerance is not None else th.forward_tolerance(backend.dtype_name(b))
+        figs.append(backend.ratio_reductions(a, b, tol))
+    for (v, _a, b), h in zip(flagged, backend.host_floats(figs)):
+        tol = tolerance if tolerance is not None else th.forward_tolerance(backend.dtype_name(b))
+        if metrics.needs_nonfinite_pass(h):
+            v.detail["reference_max_rel"] = "non-finite"
+            continue
+        rv = metrics.finish_ratio(h, tol)
+        ref_t = th.ratio_threshold(backend.dtype_name(v.leaf), pert_mode)
+        v.detail["reference_max_rel"] = rv.max_rel
+        v.detail["reference_threshold"] = round(ref_t - 1.0, 12)
+        v.detail["reference_consistent"] = rv.consistent(ref_t)
+
+
+def _scalar_scaled(path, a: float, b: float, pert_mode: str) -> LeafVerdict:
+    """A Python float output: its relative error against the perturbed value (its own scale)."""
+    if not (math.isfinite(a) and math.isfinite(b)):
+        same = (a == b) or (math.isnan(a) and math.isnan(b))
+        err = 0.0 if same else math.inf
+    else:
+        err = abs(a - b) / abs(b) if b != 0 else (0.0 if a == 0 else math.inf)
+    limit = th.scaled_threshold("float64", pert_mode)
+    return LeafVerdict(path, a, err <= limit, err, round(limit, 12), 1.0 + err, "float", "()",
+                       {"rule": "scaled", "scaled_error": err})

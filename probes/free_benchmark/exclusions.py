@@ -34,7 +34,7 @@ _UNINITIALISED_NAMES = {"empty", "empty_like", "empty_strided", "new_empty", "ne
                         "empty_with_format", "empty_permuted", "new"}
 _COLLECTIVE_NAMES = {
     "send", "recv", "isend", "irecv", "broadcast", "all_reduce", "reduce", "all_gather", "gather_object",
-    "scatter", "reduce_scatter", "_reduce_scatter_base", "_all_gather_base", "all_to_all_single", "all_to_all",
+    "reduce_scatter", "_reduce_scatter_base", "_all_gather_base", "all_to_all_single", "all_to_all",
     "all_gather_into_tensor", "reduce_scatter_tensor", "batch_isend_irecv", "barrier",
 }
 _OPTIMIZER_RE = re.compile(r"(apply_adam|fused_adam|fused_sgd|_foreach_|apply_rms_prop|npu_bert_apply_adam)")
@@ -68,6 +68,9 @@ _DATA_MOVEMENT_NAMES = {
     "pin_memory", "resolve_conj", "resolve_neg", "positive", "__pos__", "conj", "align_as", "align_to",
     "refine_names", "rename", "new_tensor", "as_subclass", "int", "long", "short", "char", "byte", "bool",
     "cdouble", "cfloat", "chalf", "requires_grad", "dequantize", "to_dense", "coalesce",
+    "masked_tensor", "as_masked_tensor",  # torch.masked's MaskedTensor constructors
+    "scatter",  # torch.scatter / Tensor.scatter places values (a collective only in torch.distributed, never hooked)
+    "to_sparse", "to_sparse_csr", "to_sparse_csc", "to_sparse_bsr", "to_sparse_bsc", "to_mkldnn",  # layouts
 }
 _INPLACE_DUNDER_RE = re.compile(r"^__i[a-z]+__$")
 _PREFIXED_ACCESSOR_RE = re.compile(r"^(is_|has_|get_|set_|use_)")

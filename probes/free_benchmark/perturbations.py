@@ -30,6 +30,9 @@ class PerturbedCall:
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     on_cpu: bool = False
+    # (original, perturbed) input leaf of the single-leaf modes: the scaled rule measures how far
+    # the input moved, to judge the output's move against it
+    moved: tuple[Any, Any] | None = None
 
 
 @dataclass
@@ -80,6 +83,7 @@ class Perturbation:
 
     mode = ""
     needs_float_target = True
+    raise_float32 = False  # improve_precision only (see ImprovePrecision)
 
     def __init__(self, backend: Any, add_noise_style: str = "ulp") -> None:
         self.backend = backend
@@ -101,33 +105,50 @@ class Perturbation:
         for where, path, leaf in _float_leaves(self.backend, args, kwargs):
             why = self.accepts(leaf)
             if why is None:
-                new_args, new_kwargs = _replace(args, kwargs, where, path, self.perturb(leaf))
-                return PerturbedCall(new_args, _no_inplace(new_kwargs))
+                new = self.perturb(leaf)
+                new_args, new_kwargs = _replace(args, kwargs, where, path, new)
+                return PerturbedCall(new_args, _no_inplace(new_kwargs), moved=(leaf, new))
             reason = why
         return Cancelled(reason)
 
 
 class ImprovePrecision(Perturbation):
-    """Every low-precision float input, anywhere in args and kwargs, raised to float32."""
+    """The same call one precision step up, as the reference to judge the original by.
+
+    - Any fp16/bf16/fp8 input: every such tensor (and `dtype=` argument) raised to float32,
+      float32 inputs left as they are (msprobe's improve_precision).
+    - Otherwise, with `raise_float32` (the scaled rule): float32 tensors and dtype arguments
+      raised to float64, so an fp32 kernel that computes in a reduced precision (TF32, HF32,
+      bf16 math) is judged against float64. On a device without float64 (NPU, MPS) the call is
+      re-run on the CPU with every tensor copied there. Under the reference rule float32 calls
+      are not re-run, as in msprobe: its element-wise ratio flags honest fp32 kernels wherever
+      outputs cancel (a linear layer's max ratio - 1 reaches 1e-3 against the 2e-4 threshold).
+    """
 
     mode = "improve_precision"
 
     def build(self, args: tuple, kwargs: dict) -> PerturbedCall | Cancelled:
         b = self.backend
-        raised = [False]
+        leaves = [leaf for _where, _path, leaf in _float_leaves(b, args, kwargs)]
+        if not leaves:
+            return Cancelled("no floating-point tensor among the inputs")
+        if any(b.is_low_precision(t) for t in leaves):
+            source = "half"
+        elif self.raise_float32 and any(b.dtype_name(t) == "float32" for t in leaves):
+            source = "float32"
+        else:
+            return Cancelled("inputs are already float64" if self.raise_float32
+                             else "inputs are already float32/float64")
+        on_cpu = source == "float32" and any(b.lacks_float64(t) for t in leaves)
+        if on_cpu and not getattr(b, "reruns_on_cpu", True):
+            return Cancelled("the device has no float64 and this framework cannot re-run the call on the CPU")
 
         def up(x: Any) -> Any:
-            if b.is_tensor(x) and b.is_low_precision(x):
-                raised[0] = True
-                return b.upcast(x)
-            return x
+            raised = b.raise_precision(x, source, on_cpu)
+            return x if raised is None else raised
 
         new_args, new_kwargs = tree_map(up, args), tree_map(up, kwargs)
-        if not raised[0]:
-            if any(True for _ in _float_leaves(b, args, kwargs)):
-                return Cancelled("inputs are already float32/float64")
-            return Cancelled("no floating-point tensor among the inputs")
-        return PerturbedCall(tuple(new_args), _no_inplace(dict(new_kwargs)))
+        return PerturbedCall(tuple(new_args), _no_inplace(dict(new_kwargs)), on_cpu=on_cpu)
 
 
 class AddNoise(Perturbation):
@@ -233,9 +254,12 @@ def _finfo_max(name: str) -> float:
 _MODES = {cls.mode: cls for cls in (ImprovePrecision, AddNoise, BitNoise, ChangeValue, NoChange, ToCpu)}
 
 
-def make_perturbation(mode: str, backend: Any, add_noise_style: str = "ulp") -> Perturbation:
+def make_perturbation(mode: str, backend: Any, add_noise_style: str = "ulp", rule: str = "reference") -> Perturbation:
+    """The mode's perturbation; under the scaled rule improve_precision also raises float32."""
     try:
         cls = _MODES[mode]
     except KeyError:
         raise ValueError(f"unknown pert_mode {mode!r}; allowed: {', '.join(PERT_MODES)}") from None
-    return cls(backend, add_noise_style)
+    pert = cls(backend, add_noise_style)
+    pert.raise_float32 = rule == "scaled"
+    return pert

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from probes.core import thresholds as th
 from probes.core.config import ProbeConfig
 from probes.core.errors import ProbeError
 from probes.core.metrics import RatioVerdict
@@ -133,7 +134,7 @@ class FreeBenchmarkProbe:
         self.backend = backend
         self.call_exclusion = call_exclusion
         self.framework = framework
-        self.perturbation = make_perturbation(self.fb.pert_mode, backend, self.fb.add_noise_style)
+        self.perturbation = make_perturbation(self.fb.pert_mode, backend, self.fb.add_noise_style, self.fb.rule)
         self.selection = Selection(self.fb.scope, self.fb.api_list, self.fb.fuzz_stage)
         self.backward = BackwardCheck(self) if self.fb.fuzz_stage == "backward" else None
         self.dump_path = Path(config.dump_path)
@@ -159,6 +160,7 @@ class FreeBenchmarkProbe:
         self._writers: dict[int, CsvAppender] = {}
         self._logged: set[tuple[str, str]] = set()
         self.started_at = time.time()
+        self.last_score = 0.0  # of the latest finished check (see _score)
 
     def enable_preheat(self) -> None:
         """Learn the thresholds against the CPU (`if_preheat`; the frameworks that support it
@@ -263,6 +265,7 @@ class FreeBenchmarkProbe:
                 pert_out = original(*pert.args, **pert.kwargs)
         finally:
             b.rng_restore(after)
+        move = self.input_move(pert)
         pert = None  # free the perturbed (e.g. upcast) inputs before comparing
         if self.fb.handler_type == "fix":  # fix substitutes; it writes no rows (as the reference)
             self._fix(out, pert_out)
@@ -271,7 +274,8 @@ class FreeBenchmarkProbe:
             self._dirty = True
             return
         try:
-            verdicts = compare_outputs(b, out, pert_out, pert_mode=self.fb.pert_mode)
+            verdicts = compare_outputs(b, out, pert_out, pert_mode=self.fb.pert_mode, rule=self.fb.rule,
+                                       input_move=move, pointwise=getattr(meta, "pointwise", False))
         except StructureMismatch as exc:
             self._skip(meta.key, f"perturbed output has another structure ({exc})")
             return
@@ -289,6 +293,15 @@ class FreeBenchmarkProbe:
             preheat_row = self.preheat.in_preheat(meta.key)
             verdicts = [self._preheat_judged(meta.key, v) for v in verdicts]
         self._record(meta.key, name, stats, verdicts, self.current_step, preheat=preheat_row)
+
+    def input_move(self, pert: Any) -> Any:
+        """Device figures of how far add_noise / bit_noise moved their input, at its scale (the
+        scaled rule's allowance for the output's move); None for the other modes and rules."""
+        if self.fb.rule != "scaled" or self.fb.pert_mode not in ("add_noise", "bit_noise") or pert.moved is None:
+            return None
+        original, moved = pert.moved
+        b = self.backend
+        return b.scaled_figures(moved, original, th.machine_eps(b.dtype_name(original)))
 
     # preheat (spec §4.5) ----------------------------------------------------------------------
     def _preheat_sample(self, key, name, original, args, kwargs, out, snapshot, verdicts) -> None:
@@ -332,6 +345,7 @@ class FreeBenchmarkProbe:
         thresholds raise no alarm): summary.json counts them and lists the first ones."""
         stats.checked += 1
         self._dirty = True
+        self.last_score = max((_score(v) for v in verdicts), default=0.0)
         bad = [v for v in verdicts if not v.consistent]
         for v in verdicts:
             stats.dtypes.add(v.dtype_repr)
@@ -462,6 +476,24 @@ class FreeBenchmarkProbe:
                 "rows_total": self.preheat_rows_total, "rows": list(self._preheat_rows),
             }
         return summary
+
+
+# a finite stand-in for "infinitely far over the threshold" (flips, NaN mismatches, no_change)
+SCORE_CAP = 1e6
+
+
+def _score(v: Any) -> float:
+    """How far a leaf's figure is from its threshold: 1 at the threshold, above 1 inconsistent
+    (the per-API tests feed it to Hypothesis' targeted search, which then climbs towards the
+    inputs where an API is worst)."""
+    if not math.isfinite(v.figure):
+        return SCORE_CAP
+    if "ratio" in v.detail or v.detail.get("rule") == "scaled":
+        excess = v.figure - 1.0
+        if v.threshold <= 0.0:
+            return 0.0 if excess <= 0.0 else SCORE_CAP
+        return min(max(excess, 0.0) / v.threshold, SCORE_CAP)
+    return min(v.figure, SCORE_CAP)
 
 
 def _cloner(backend: Any) -> Callable[[Any], Any]:

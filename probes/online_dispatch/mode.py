@@ -124,6 +124,8 @@ class OnlineDispatchMode(TorchDispatchMode):
         self.results: RunResults | None = None
         self._pool: OrderedPool | None = None
         self._listed = frozenset(options.api_list)
+        # rule="reference" judges by msprobe's rule alone: the scaled figure is not measured
+        self._scaled = options.rule != "reference"
         self._depth = 0
 
     # context --------------------------------------------------------------------------------------
@@ -241,9 +243,10 @@ class OnlineDispatchMode(TorchDispatchMode):
             if outcome is None and pool is not None:
                 # the workers get private copies: the user's tensors may change before they are pickled
                 job.cmp.pairs = [(d.clone(), r) for d, r in job.cmp.pairs]
-                pool.submit(job, figures_in_worker, job.cmp.pairs)
+                pool.submit(job, figures_in_worker, job.cmp.pairs, self._scaled, self.options.debug)
             else:
-                self._finish_job(job, outcome if outcome is not None else verdict.figures(job.cmp.pairs))
+                figs = outcome if outcome is not None else verdict.figures(job.cmp.pairs, self._scaled, self.options.debug)
+                self._finish_job(job, figs)
         except Exception as exc:  # recorded in the op's row and the summary, never raised
             self._finish_job(job, exc)
         return out
@@ -278,7 +281,7 @@ class OnlineDispatchMode(TorchDispatchMode):
         the user's are set again here)."""
         with torch.inference_mode(inference):
             outcome = self._prepare(job, out, written)
-            return outcome if outcome is not None else verdict.figures(job.cmp.pairs)
+            return outcome if outcome is not None else verdict.figures(job.cmp.pairs, self._scaled, self.options.debug)
 
     def _finish_job(self, job: _Job, figures: Any) -> None:
         """Rows, failure record and dumps of one op (on the user's thread, in op order)."""
@@ -300,7 +303,7 @@ class OnlineDispatchMode(TorchDispatchMode):
             results.add_rows([special_row(name, "", "", "", "", "Nan",
                                           f"comparison failed: {type(figures).__name__}: {figures}")])
             return
-        in_rows, out_rows = verdict.rows(job.cmp, figures, all_details=self.options.debug)
+        in_rows, out_rows = verdict.rows(job.cmp, figures, all_details=self.options.debug, rule=self.options.rule)
         failing = [r for r in out_rows if r.failed]
         if failing:
             stack = format_stack(job.stack) if job.stack is not None else user_stack()

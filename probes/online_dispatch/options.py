@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from probes.core.dispatch_metrics import RULES
 from probes.core.errors import ConfigError
 
 logger = logging.getLogger("probes.online_dispatch")
@@ -35,10 +36,12 @@ class DispatchOptions:
     process_num: int
     debug: bool
     background: bool | str = "auto"
+    rule: str = "both"
 
     def as_dict(self) -> dict[str, Any]:
         return {"dump_mode": self.dump_mode, "api_list": list(self.api_list), "dump_path": str(self.dump_path),
-                "tag": self.tag, "process_num": self.process_num, "debug": self.debug, "background": self.background}
+                "tag": self.tag, "process_num": self.process_num, "debug": self.debug, "background": self.background,
+                "rule": self.rule}
 
 
 def _aten_names() -> list[str]:
@@ -82,7 +85,7 @@ def _check_dump_path(dump_path: Any) -> Path:
 
 
 def validate(dump_mode: Any, api_list: Any, dump_path: Any, tag: Any, process_num: Any, debug: Any,
-             background: Any = "auto") -> DispatchOptions:
+             background: Any = "auto", rule: Any = "both") -> DispatchOptions:
     if not isinstance(dump_mode, str) or dump_mode not in DUMP_MODES:
         hint = ""
         if isinstance(dump_mode, str):
@@ -95,6 +98,11 @@ def validate(dump_mode: Any, api_list: Any, dump_path: Any, tag: Any, process_nu
         raise ConfigError("background", background, '"auto", True or False',
                           hint="True compares in a background thread while the program goes on, False inline, "
                                '"auto" picks the thread when it can overlap (an accelerator, or idle CPU cores)')
+    if not isinstance(rule, str) or rule not in RULES:
+        raise ConfigError("rule", rule, "one of " + ", ".join(f'"{r}"' for r in RULES),
+                          hint='"both" fails an output when either rule fails it, "reference" applies msprobe\'s '
+                               'documented Cosine/MaxAbsErr rule alone, "scaled" the dtype-aware error at the '
+                               "output's scale alone")
     if tag is not None and (not isinstance(tag, str) or not _TAG.match(tag)):
         raise ConfigError("tag", tag, "None or a string of letters, digits, '_' and '-'")
     limit = max_process_num()
@@ -106,4 +114,4 @@ def validate(dump_mode: Any, api_list: Any, dump_path: Any, tag: Any, process_nu
     if names and dump_mode != "list":
         logger.warning('online_dispatch: api_list is used only with dump_mode="list" (dump_mode=%r)', dump_mode)
     path = _check_dump_path(dump_path)
-    return DispatchOptions(dump_mode, names, path, tag, process_num, debug, background)
+    return DispatchOptions(dump_mode, names, path, tag, process_num, debug, background, rule)

@@ -1,9 +1,12 @@
 """Rows, the compare_result CSV, summary.json and the one log line per failing op.
 
 The CSV keeps the 18 documented columns in their order (spec §6.1) and appends the §6.2
-single-benchmark figures and the noise floor as extra columns; it uses the project's CSV
-conventions (spec §3.5: UTF-8 with BOM, CRLF, ``csv.writer``'s minimal quoting, ``str()``
-numbers), while Cosine / MaxAbsErr / MaxRelativeErr keep the documented 12-decimal rendering.
+single-benchmark figures, the noise floor, the rule that failed the leaf (``FailedRule``:
+"reference", "scaled", "both" or empty) and the scaled figure in ulps of the device dtype
+(``Scaled Error (ulp)``, on every float tensor output row) as extra columns, new ones always
+last; it uses the project's CSV conventions (spec §3.5: UTF-8 with BOM, CRLF, ``csv.writer``'s
+minimal quoting, ``str()`` numbers), while Cosine / MaxAbsErr / MaxRelativeErr keep the
+documented 12-decimal rendering.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ COLUMNS = (
     "NPU max", "NPU min", "NPU mean", "Bench max", "Bench min", "Bench mean",
     "Cosine", "MaxAbsErr", "MaxRelativeErr", "Accuracy Reached or Not", "NPU_Stack_Info", "Err_message",
 )
-EXTRA_COLUMNS = ("Error Balance", "Small Value Max Abs Err", "Large Value Max Rel Err", "Single Benchmark", "Noise Floor")
+EXTRA_COLUMNS = ("Error Balance", "Small Value Max Abs Err", "Large Value Max Rel Err", "Single Benchmark", "Noise Floor",
+                 "FailedRule", "Scaled Error (ulp)")
 ENCODING = "utf-8-sig"
 LINE_END = "\r\n"
 # Failing ops logged one line each up to this many per run; the rest are only in summary.json.
@@ -49,6 +53,8 @@ class Row:
     stack: str = ""
     message: str = ""
     extra: tuple[Any, ...] = ("", "", "", "", "")
+    failed_rule: str = ""
+    scaled_ulps: Any = ""
 
     @property
     def failed(self) -> bool:
@@ -60,8 +66,13 @@ class Row:
             *self.npu_stats, *self.bench_stats, format_figure(self.cosine) if self.cosine != "" else "",
             format_figure(self.max_abs_err) if self.max_abs_err != "" else "",
             format_figure(self.max_rel_err) if self.max_rel_err != "" else "",
-            self.accuracy, self.stack, self.message, *self.extra,
+            self.accuracy, self.stack, self.message, *self.extra, self.failed_rule, _ulps(self.scaled_ulps),
         ]
+
+
+def _ulps(v: Any) -> Any:
+    """The scaled figure in ulps, 6 significant digits (str() of the rounded float)."""
+    return float(f"{v:.6g}") if isinstance(v, float) else v
 
 
 def input_row(name: str, npu_dtype: str, bench_dtype: str, shape: str, stats: tuple[float, float, float]) -> Row:
@@ -71,9 +82,10 @@ def input_row(name: str, npu_dtype: str, bench_dtype: str, shape: str, stats: tu
 
 def output_row(name: str, npu_dtype: str, bench_dtype: str, shape: str, v: LeafVerdict) -> Row:
     """An output leaf; the evidence columns (statistics, MaxRelativeErr, single benchmark, noise
-    floor) stay blank unless the leaf failed the literal rule (verdict.rows fills them)."""
+    floor) stay blank unless the leaf failed a rule (verdict.rows fills them); FailedRule and the
+    scaled figure are on every output row."""
     return Row(name, npu_dtype, bench_dtype, shape, shape, ("", "", ""), ("", "", ""), v.cosine, v.max_abs_err,
-               v.max_rel_err, v.accuracy, "", v.message, ("", "", "", "", ""))
+               v.max_rel_err, v.accuracy, "", v.message, ("", "", "", "", ""), v.failed_rule, v.scaled_ulps)
 
 
 def special_row(name: str, npu_dtype: str, bench_dtype: str, npu_shape: str, bench_shape: str,
@@ -105,6 +117,7 @@ class RunResults:
     ops_compared: int = 0
     rows_written: int = 0
     accuracy_counts: Counter = field(default_factory=Counter)
+    failed_rules: Counter = field(default_factory=Counter)  # FailedRule -> output rows
     skipped: dict = field(default_factory=dict)  # (reason, op overload) -> calls
     failed_ops: list[FailedOp] = field(default_factory=list)
     errors: Counter = field(default_factory=Counter)  # "op: what: error" -> times
@@ -118,6 +131,8 @@ class RunResults:
             self.csv.add(r.cells())
             if r.accuracy:
                 self.accuracy_counts[r.accuracy] += 1
+            if r.failed_rule:
+                self.failed_rules[r.failed_rule] += 1
         self.rows_written += len(rows)
 
     def add_failure(self, failure: FailedOp, op_label: str, overload: str) -> None:
@@ -126,6 +141,8 @@ class RunResults:
         if n <= MAX_LOGGED_FAILURES:
             parts = ", ".join(
                 f"{leaf['name']} shape={leaf['shape']} Cosine={leaf['cosine']},MaxAbsErr={leaf['max_abs_err']}"
+                + (f",ScaledErr={leaf['scaled_ulps']}ulp" if leaf.get("scaled_ulps") != "" else "")
+                + f",FailedRule={leaf.get('failed_rule', '')}"
                 for leaf in failure.leaves
             )
             logger.warning("rank%d %s overload=%s Failed: %s", self.rank, op_label, overload, parts)
@@ -152,6 +169,7 @@ class RunResults:
             "ops_compared": self.ops_compared,
             "rows": self.rows_written,
             "accuracy": dict(self.accuracy_counts),
+            "failed_rules": dict(self.failed_rules),
             "failed_op_count": len(self.failed_ops),
             "failed_ops": [
                 {"name": f.name, "op": f.op, "dumped": f.dumped, "leaves": f.leaves} for f in self.failed_ops
@@ -175,6 +193,6 @@ def leaf_summary(row: Row) -> dict[str, Any]:
     return {
         "name": row.name, "dtype": row.npu_dtype, "shape": row.npu_shape, "accuracy": row.accuracy,
         "cosine": num(row.cosine), "max_abs_err": num(row.max_abs_err), "max_rel_err": num(row.max_rel_err),
-        "message": row.message,
+        "message": row.message, "failed_rule": row.failed_rule, "scaled_ulps": _ulps(row.scaled_ulps),
     }
 

@@ -3,8 +3,9 @@
 `collect` walks both results in parallel (tensors, tuples, lists, None, Python scalars: B-O3)
 and pairs every output leaf with its reference; for an op that returns nothing but writes into
 its arguments (``_foreach_add_``) the written arguments are the outputs. `figures` runs the
-core formulas (probes.core.dispatch_metrics) on the reference's side for every leaf and the
-op's input statistics, then copies all of them to the host at once. `rows` judges each leaf.
+core formulas (probes.core.dispatch_metrics: the documented rule's figures and the scaled
+error) on the reference's side for every leaf, then copies all of them to the host at once.
+`rows` judges each leaf by the documented rule, the scaled rule or both (`rule`).
 `figures` is a pure function of tensors, so worker processes (process_num > 0) run exactly it.
 """
 
@@ -18,7 +19,7 @@ import torch
 from probes.backends.torch_backend import BACKEND
 from probes.core import dispatch_metrics as dm
 from probes.core.metrics import finish_single_benchmark
-from probes.core.thresholds import single_benchmark_threshold
+from probes.core.thresholds import dispatch_scaled_threshold, single_benchmark_threshold
 from probes.online_dispatch.reference import CPU
 from probes.online_dispatch.results import Row, input_row, output_row, special_row
 
@@ -32,6 +33,7 @@ class OutputLeaf:
     shape: list[int]
     index: int = -1  # position in the figure list, -1 when not measured
     special: Row | None = None
+    tensor: bool = True  # False for Python scalars: the scaled rule applies to tensors only
 
 
 @dataclass
@@ -103,6 +105,7 @@ def _add_pair(cmp: OpComparison, name: str, dev: Any, ref: Any) -> None:
         cmp.pairs.append((_real(dev.detach()).to(CPU), _real(ref.detach())))
         return
     if isinstance(dev, _SCALARS) and isinstance(ref, _SCALARS):
+        leaf.tensor = False
         leaf.index = len(cmp.pairs)
         cmp.pairs.append((torch.tensor(float(dev), dtype=torch.float64), torch.tensor(float(ref), dtype=torch.float64)))
         return
@@ -167,9 +170,21 @@ def _walk_inputs(cmp: OpComparison, name: str, dev: Any, ref: Any) -> None:
                                     tensor=False, value=float(ref)))
 
 
-def figures(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[list[float]]:
-    """Host figures of every output pair: one transfer (two when a leaf holds inf/NaN and must be
-    re-measured with masks)."""
+def _eps(t: torch.Tensor) -> float | None:
+    return torch.finfo(t.dtype).eps if t.is_floating_point() else None
+
+
+def figures(pairs: list[tuple[torch.Tensor, torch.Tensor]], scaled: bool = True,
+            exact: bool = False) -> list[list[float]]:
+    """Host figures of every output pair (dm.LEAF_FIGURE_COUNT each: the documented rule's and the
+    scaled error, dm.NOT_MEASURED without `scaled`).
+
+    One transfer for the documented rule's figures (two when a leaf holds inf/NaN and must be
+    re-measured with masks). The scaled error reads each element in several more passes, so it
+    is first bounded from figures already there (MaxAbsErr over the floor scale, see
+    `scaled.error_bound`): a leaf whose bound is within its threshold keeps the bound as its
+    figure, and only the others (or every float leaf with `exact`, debug=True) are measured, in
+    one more transfer. A clean op pays one division."""
     if not pairs:
         return []
     xp = BACKEND.namespace(None)
@@ -182,6 +197,26 @@ def figures(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[list[float]]
             vals = torch.cat([dm.masked_leaf_figures(xp, *pairs[i]) for i in redo]).tolist()
             for j, i in enumerate(redo):
                 out[i] = vals[j * n : (j + 1) * n]
+        measure = []
+        for i, (d, _r) in enumerate(pairs):
+            eps = _eps(d)
+            if not scaled or eps is None:
+                out[i].append(dm.NOT_MEASURED if not scaled else 0.0)
+                continue
+            rms = dm.reference_rms(out[i])
+            bound = dm.scaled_bound(out[i], eps)
+            limit = dispatch_scaled_threshold(BACKEND.dtype_name(d))
+            if not exact and limit is not None and bound <= limit:
+                out[i].append(bound)
+            else:
+                out[i].append(0.0)
+                measure.append((i, eps, rms))
+        if measure:
+            redo_set = set(redo)
+            vals = torch.cat([dm.scaled_figure(xp, *pairs[i], eps, masked=i in redo_set, tensor_rms=rms)
+                              for i, eps, rms in measure]).tolist()
+            for (i, _eps_i, _rms), v in zip(measure, vals):
+                out[i][dm.SCALED] = v
     return out
 
 
@@ -202,10 +237,12 @@ def input_statistics(stat_tensors: list[torch.Tensor]) -> list[list[float]]:
     return stats
 
 
-def rows(cmp: OpComparison, out_figs: list[list[float]], all_details: bool = False) -> tuple[list[Row], list[Row]]:
-    """(input rows, output rows) of one op, outputs judged by the documented rule + noise floor.
+def rows(cmp: OpComparison, out_figs: list[list[float]], all_details: bool = False,
+         rule: str = dm.RULE_BOTH) -> tuple[list[Row], list[Row]]:
+    """(input rows, output rows) of one op, outputs judged by `rule` (the documented rule, the
+    scaled rule, or both: a leaf fails when either fails) + noise floor.
 
-    A leaf is first judged by the literal rule; only a leaf that fails it needs the noise floor,
+    A leaf is first judged without the floor; only a leaf that fails needs the noise floor,
     so only then are the magnitudes measured (its own two sides and the op's inputs: the floor's
     scale). The same evidence pass fills MaxRelativeErr, max / min / mean and the §6.2
     single-benchmark columns of those leaves (of every leaf when `all_details`, i.e. debug=True)
@@ -216,7 +253,7 @@ def rows(cmp: OpComparison, out_figs: list[list[float]], all_details: bool = Fal
     for leaf in cmp.outputs:
         if leaf.special is None:
             f = out_figs[leaf.index]
-            judged.append((leaf, dm.judge(f, max(1, _numel(leaf.shape)), leaf.dtype_name, 0.0)))
+            judged.append((leaf, dm.judge(f, max(1, _numel(leaf.shape)), leaf.dtype_name, 0.0, rule, leaf.tensor)))
     suspects = [(leaf, v) for leaf, v in judged if v.failed or all_details]
     in_stats: list[list[float]] | None = None
     evidence: dict[int, list[float]] = {}
@@ -233,6 +270,8 @@ def rows(cmp: OpComparison, out_figs: list[list[float]], all_details: bool = Fal
     out_rows: list[Row] = []
     for leaf in cmp.outputs:
         if leaf.special is not None:
+            if leaf.special.failed:
+                leaf.special.failed_rule = dm.rule_label(rule != dm.RULE_SCALED, rule != dm.RULE_REFERENCE)
             out_rows.append(leaf.special)
             continue
         verdict = verdicts[id(leaf)]
@@ -242,7 +281,7 @@ def rows(cmp: OpComparison, out_figs: list[list[float]], all_details: bool = Fal
             scale = max(in_scale, dm.finite_abs_max(ev[0], ev[1]),
                         dm.finite_abs_max(ev[dm.STAT_COUNT], ev[dm.STAT_COUNT + 1]))
             floor = dm.noise_floor(leaf.dtype_name, scale, biggest / numel)
-            verdict = dm.judge(out_figs[leaf.index], numel, leaf.dtype_name, floor)
+            verdict = dm.judge(out_figs[leaf.index], numel, leaf.dtype_name, floor, rule, leaf.tensor)
         row = output_row(leaf.name, leaf.dev_dtype, leaf.ref_dtype, str(leaf.shape), verdict)
         if ev is not None:
             _fill_row(row, leaf, ev, verdict.floor)

@@ -40,11 +40,11 @@ def _init_worker(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def figures_in_worker(pairs: list) -> list:
+def figures_in_worker(pairs: list, scaled: bool = True, exact: bool = False) -> list:
     """What a worker process runs: exactly verdict.figures."""
     from probes.online_dispatch.verdict import figures
 
-    return figures(pairs)
+    return figures(pairs, scaled, exact)
 
 
 class OrderedPool:

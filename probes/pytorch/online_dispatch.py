@@ -13,6 +13,10 @@ processes are created when the context is entered, results are written when it e
 (True), inline right after the op (False), or in the thread only when it can overlap ("auto", the
 default: an accelerator is in use, or torch leaves at least half the CPU cores idle). The CSV is
 the same either way. `process_num > 0` (worker processes for the figures) takes precedence.
+`rule` (new) picks the verdict: "both" (the default) fails an output when msprobe's documented
+Cosine/MaxAbsErr rule or the scaled rule (the error at the output's scale, in units of its dtype's
+precision: probes/core/dispatch_metrics.py) fails it; "reference" is msprobe's verdict alone,
+"scaled" the scaled rule alone.
 """
 
 from __future__ import annotations
@@ -36,13 +40,14 @@ class PtdbgDispatch(OnlineDispatchMode):
         tag: str | None = None,
         process_num: int = 0,
         background: bool | str = "auto",
+        rule: str = "both",
     ) -> None:
-        super().__init__(validate(dump_mode, api_list, dump_path, tag, process_num, debug, background))
+        super().__init__(validate(dump_mode, api_list, dump_path, tag, process_num, debug, background, rule))
 
     def __repr__(self) -> str:
         o: Any = self.options
         return (f"PtdbgDispatch(dump_mode={o.dump_mode!r}, dump_path={str(o.dump_path)!r}, "
-                f"process_num={o.process_num}, background={o.background})")
+                f"process_num={o.process_num}, background={o.background}, rule={o.rule!r})")
 
 
 __all__ = ["PtdbgDispatch"]

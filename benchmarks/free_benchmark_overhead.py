@@ -61,10 +61,10 @@ MODES: dict[str, dict[str, str]] = {
 }
 MODE_LABEL = {"fix": "fix+improve_precision"}
 
-TIME_TARGET = {"tiny": 10.0, "medium-fp32": 3.0, "medium-bf16": 3.0}
+TIME_TARGET = {"tiny": 10.0, "medium-fp32": 3.0, "medium-bf16": 3.0, "llama-fp32": 3.0, "llama-bf16": 3.0}
 # fp32 improve_precision under the scaled rule re-runs every float32 call in float64 (issue 13: <= 2.5x)
 MODE_TIME_TARGET = {("medium-fp32", "improve_precision/scaled"): 2.5}
-NO_TIME_TARGET = {("medium-fp32", "to_cpu"), ("medium-bf16", "to_cpu")}
+NO_TIME_TARGET = {(m, "to_cpu") for m in ("medium-fp32", "medium-bf16", "llama-fp32", "llama-bf16")}
 MEMORY_TARGET = 1.5
 
 
@@ -127,8 +127,12 @@ SPECS: dict[str, ModelSpec] = {
     "tiny": ModelSpec("tiny", torch.float32, steps=10, warmup=3),
     "medium-fp32": ModelSpec("medium-fp32", torch.float32, steps=1, warmup=1),
     "medium-bf16": ModelSpec("medium-bf16", torch.bfloat16, steps=1, warmup=1),
+    # a real model nobody here wrote: Hugging Face LlamaForCausalLM, random init (transformers is a
+    # benchmark extra; these two are left out of the default list when it is not installed)
+    "llama-fp32": ModelSpec("llama-fp32", torch.float32, steps=2, warmup=1),
+    "llama-bf16": ModelSpec("llama-bf16", torch.bfloat16, steps=2, warmup=1),
 }
-QUICK_STEPS = {"tiny": 5, "medium-fp32": 1, "medium-bf16": 1}
+QUICK_STEPS = {"tiny": 5, "medium-fp32": 1, "medium-bf16": 1, "llama-fp32": 1, "llama-bf16": 1}
 
 
 class Bench:
@@ -136,8 +140,17 @@ class Bench:
 
     def __init__(self, spec: ModelSpec, seed: int = 0) -> None:
         torch.manual_seed(seed)
-        if spec.name == "tiny":
-            self.model: nn.Module = TinyMLP().to(spec.dtype)
+        self.llama = spec.name.startswith("llama")
+        if self.llama:  # 2 layers, hidden 128, batch 4 x 64 tokens (tests/llama_model.py)
+            sys.path.insert(0, str(ROOT / "tests"))
+            from llama_model import VOCAB, tiny_llama, token_batch
+
+            self.model = tiny_llama(spec.dtype, seed=seed)
+            self.x = token_batch()
+            self.y = self.x
+            self.classes = VOCAB
+        elif spec.name == "tiny":
+            self.model = TinyMLP().to(spec.dtype)
             self.x = torch.randn(256, 512, dtype=spec.dtype)
             self.y = torch.randint(0, 10, (256,))
             self.classes = 10
@@ -150,11 +163,22 @@ class Bench:
 
     def step(self) -> float:
         self.opt.zero_grad(set_to_none=True)
-        out = self.model(self.x)
-        loss = F.cross_entropy(out.reshape(-1, self.classes), self.y)
+        if self.llama:
+            loss = self.model(input_ids=self.x, labels=self.y).loss
+        else:
+            out = self.model(self.x)
+            loss = F.cross_entropy(out.reshape(-1, self.classes), self.y)
         loss.backward()
         self.opt.step()
         return float(loss.detach())
+
+
+def _available(model: str) -> bool:
+    if not model.startswith("llama"):
+        return True
+    import importlib.util
+
+    return importlib.util.find_spec("transformers") is not None
 
 
 def make_debugger(mode: str, dump_path: str) -> Any:
@@ -418,7 +442,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny + medium-fp32, 3 repeats (~2 min)")
-    ap.add_argument("--models", help=f"comma list of {', '.join(SPECS)} ('medium' = both medium ones)")
+    ap.add_argument("--models", help=f"comma list of {', '.join(SPECS)} ('medium', 'llama' = both of them)")
     ap.add_argument("--modes", help=f"comma list of {', '.join(MODES)} (fix = fix+improve_precision)")
     ap.add_argument("--repeats", type=int, help="timed repeats of each loop (default 5, --quick 3)")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
@@ -446,9 +470,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.models:
         models: list[str] = []
         for m in args.models.split(","):
-            models += ["medium-fp32", "medium-bf16"] if m == "medium" else [m]
+            models += {"medium": ["medium-fp32", "medium-bf16"], "llama": ["llama-fp32", "llama-bf16"]}.get(m, [m])
     else:
-        models = ["tiny", "medium-fp32"] if args.quick else list(SPECS)
+        models = ["tiny", "medium-fp32"] if args.quick else [m for m in SPECS if _available(m)]
     modes = args.modes.split(",") if args.modes else list(MODES)
     for m in models:
         if m not in SPECS:

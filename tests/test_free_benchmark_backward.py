@@ -62,15 +62,17 @@ def _softsign_model(x, w):
     return F.softsign(F.linear(x, w) + 0.7).sum()
 
 
+@pytest.mark.parametrize("rule", ["reference", "scaled"])
 @pytest.mark.parametrize("mode", ["add_noise", "bit_noise"])
-def test_backward_only_defect_is_caught_in_backward_and_not_in_forward(fb_config, mode, monkeypatch):
+def test_backward_only_defect_is_caught_in_backward_and_not_in_forward(fb_config, mode, rule, monkeypatch):
     monkeypatch.setattr(F, "softsign", seeded_backward.ill_conditioned_backward_softsign)
     torch.manual_seed(0)
     w = (torch.randn(8, 8) * 0.1).requires_grad_()
     x = torch.linspace(0.5, 1.0, 64).reshape(8, 8)
     found = {}
     for stage in ("forward", "backward"):
-        dbg = PrecisionDebugger(config=fb_config(pert_mode=mode, fuzz_stage=stage, list=["softsign", "linear"]))
+        dbg = PrecisionDebugger(config=fb_config(pert_mode=mode, fuzz_stage=stage, list=["softsign", "linear"],
+                                                 rule=rule))
         with dbg:
             _softsign_model(x, w).backward()
         apis = dbg.summary()["apis"]
@@ -337,15 +339,16 @@ def _ms_softsign_setup(ms):
     return ms.value_and_grad(loss, 0, [w]), x
 
 
+@pytest.mark.parametrize("rule", ["reference", "scaled"])
 @pytest.mark.parametrize("mode", ["add_noise", "bit_noise"])
-def test_ms_backward_only_defect_is_caught_in_backward_and_not_in_forward(ms, fb_config, mode, monkeypatch):
+def test_ms_backward_only_defect_is_caught_in_backward_and_not_in_forward(ms, fb_config, mode, rule, monkeypatch):
     from mindspore import ops
 
     monkeypatch.setattr(ops, "softsign", seeded_backward.mindspore_ill_conditioned_backward_softsign())
     grad_fn, x = _ms_softsign_setup(ms)
     found = {}
     for stage in ("forward", "backward"):
-        dbg = _ms_debugger(fb_config(pert_mode=mode, fuzz_stage=stage,
+        dbg = _ms_debugger(fb_config(pert_mode=mode, fuzz_stage=stage, rule=rule,
                                      list=["mindspore.ops.softsign", "mindspore.ops.matmul"]))
         with dbg:
             grad_fn(x)

@@ -315,3 +315,64 @@ def test_small_llama_with_a_reduced_precision_linear_is_flagged_by_name(fb_confi
                  lambda: llama_model.training_step(model, llama_model.token_batch()))
     assert {r.api for r in dbg.rows} == {"Functional.linear"}
     assert all(math.isfinite(r.max_rel) and r.max_rel > 1e-3 for r in dbg.rows)
+
+
+# --- the fast pass and its robust retry ----------------------------------------------------------
+
+
+_EXP2 = torch.special.exp2
+
+
+@pytest.mark.parametrize("defect, expected", [
+    (lambda y: torch.where(y > 5e19, torch.full_like(y, float("nan")), y), "nan_mismatch"),
+    (lambda y: y * 1.05, 0.05),
+])
+def test_fast_pass_falls_back_for_non_finite_and_overflowing_values(fb_config, monkeypatch, defect, expected):
+    """bf16 outputs near 1e19..1e20: their squares overflow float32, where the fast pass works."""
+
+    def api(t):
+        y = _EXP2(t.float())
+        return defect(y).to(t.dtype) if t.dtype == torch.bfloat16 else y.to(t.dtype)
+
+    monkeypatch.setattr(torch.special, "exp2", api)
+    x = torch.linspace(63.0, 67.0, 64).bfloat16()
+    dbg, _ = run(fb_config(pert_mode="improve_precision", rule="scaled", list=["Torch.special.exp2"]),
+                 lambda: torch.special.exp2(x))
+    assert len(dbg.rows) == 1
+    got = dbg.rows[0].max_rel
+    if isinstance(expected, str):
+        assert got == expected
+    else:
+        assert got == pytest.approx(expected, rel=0.2)
+
+
+def test_measured_input_move_for_msprobes_add_noise_style(fb_config):
+    x = torch.linspace(0.01, 0.02, 64).bfloat16()  # x + 1e-4 moves these by one or two bf16 ulps
+    dbg, _ = run(fb_config(pert_mode="add_noise", rule="scaled", add_noise_style="reference", list=["softsign"]),
+                 lambda: F.softsign(x))
+    assert dbg.rows == []
+    dbg.stop()
+    monkey = seeded.ill_conditioned
+    old = F.softsign
+    F.softsign = monkey
+    try:
+        dbg, _ = run(fb_config(pert_mode="add_noise", rule="scaled", add_noise_style="reference", list=["softsign"]),
+                     lambda: F.softsign(x))
+    finally:
+        F.softsign = old
+    assert dbg.rows
+    move = dbg.rows[0].detail["input_move"]
+    assert 0 < move <= 2 * 1e-4 / 0.01  # measured: at most about v / |x|
+
+
+@pytest.mark.parametrize("shape", [(7,), (3, 50), (4, 8, 33), (1000, 3)])
+def test_the_cheap_bound_never_undercuts_the_measure(shape):
+    g = torch.Generator().manual_seed(sum(shape))
+    for _ in range(5):
+        b = torch.randn(shape, generator=g, dtype=torch.float64) * torch.rand(shape, generator=g, dtype=torch.float64).pow(4)
+        a = b + torch.randn(shape, generator=g, dtype=torch.float64) * 1e-6
+        exact = scaled.finish(scaled.scaled_error(torch_xp, a, b, FP32_EPS, shape).tolist())[0]
+        bound = scaled.finish_bound(scaled.bound_figures(torch_xp, a, b).tolist(), FP32_EPS)
+        assert exact <= bound * (1 + 1e-9)
+    b[0] = float("nan")
+    assert scaled.finish_bound(scaled.bound_figures(torch_xp, b.clone(), b).tolist(), FP32_EPS) == math.inf

@@ -99,15 +99,33 @@ class BackendDefaults:
         """True when the tensor's device cannot run float64 kernels (the re-run goes to the CPU)."""
         return False
 
-    def scaled_figures(self, a: Any, b: Any, eps: float, elementwise: bool = False) -> Any:
+    def scaled_figures(self, a: Any, b: Any, eps: float, elementwise: bool = False, finite: bool = False) -> Any:
         """The scaled rule's device figures (probes.core.scaled.scaled_error) of an original
         leaf `a` against a reference leaf `b`, in b's compute dtype and on b's device
-        (`elementwise`: each element at its own magnitude)."""
+        (`elementwise`: each element at its own magnitude). `finite`: the fast pass, whose result
+        is non-finite whenever a value is (the caller then asks again without it); a backend
+        whose reductions drop NaN ignores it.
+
+        Both sides are compared in a's compute dtype (at least float32) on a's device: a float64
+        reference of a float32 output is rounded to float32 first, which moves the figure by at
+        most half an fp32 ulp (the thresholds are hundreds to thousands of ulps) and halves the
+        bytes every pass reads."""
         from probes.core import scaled
 
-        extra = {"floor": 0.0, "min_row": 1} if elementwise else {}
-        return scaled.scaled_error(self.namespace(b), self.to_compute(a, b), self.to_compute(b, b), eps,
-                                   self.shape(b), **extra)
+        return scaled.scaled_error(self.scaled_namespace(a), self.to_compute(a, a), self.to_compute(b, a), eps,
+                                   self.shape(b), finite=finite and self.nan_propagating,
+                                   **scaled_options(elementwise))
+
+    def scaled_bound_figures(self, a: Any, b: Any) -> Any:
+        """probes.core.scaled.bound_figures of a against b, compared as in `scaled_figures`."""
+        from probes.core import scaled
+
+        return scaled.bound_figures(self.scaled_namespace(a), self.to_compute(a, a), self.to_compute(b, a))
+
+    def scaled_namespace(self, t: Any) -> Any:
+        return self.namespace(t)
+
+    nan_propagating = False  # whether max/min reductions return NaN when an element is NaN
 
     def ratio_reductions(self, a: Any, b: Any, tol: float) -> Any:
         """The ratio rule's device figures (probes.core.metrics.ratio_reductions) for an
@@ -115,3 +133,8 @@ class BackendDefaults:
         from probes.core import metrics
 
         return metrics.ratio_reductions(self.namespace(b), self.to_compute(a, b), self.to_compute(b, b), tol)
+
+
+def scaled_options(elementwise: bool) -> dict[str, Any]:
+    """scaled_error's arguments for judging every element at its own magnitude."""
+    return {"floor": 0.0, "min_row": 1} if elementwise else {}

@@ -35,8 +35,8 @@ import numpy as np
 from mindspore import Tensor
 
 from probes.backends import mindspore_autodiff, mindspore_xp
-from probes.backends.base import BackendDefaults
-from probes.core import metrics
+from probes.backends.base import BackendDefaults, scaled_options
+from probes.core import metrics, scaled
 
 mindspore_xp.warm_up()  # NumPy 2: the first operator of a process fails once
 
@@ -308,6 +308,19 @@ class MindSporeBackend(BackendDefaults):
                 return HOST_ARRAYS, bits, _from_host_bits_bf16
         view = self.host_view(t)
         return None if view is None else (HOST_ARRAYS, view, _from_host)
+
+    def scaled_figures(self, a: Any, b: Any, eps: float, elementwise: bool = False, finite: bool = False) -> Any:
+        """The scaled rule's figures on NumPy views where host_view allows (NumPy's reductions
+        return NaN for a NaN element, so the fast pass can be trusted; no operator dispatch),
+        else with MindSpore operators and the masked pass (ReduceMax drops NaN)."""
+        if (a.dtype == mstype.bfloat16 or b.dtype == mstype.bfloat16) and self._on_host(a) and self._on_host(b):
+            a, b = self.to_compute(a, a), self.to_compute(b, a)
+        ha, hb = self.host_view(a), self.host_view(b)
+        if ha is None or hb is None or hb.dtype.kind != "f" or ha.dtype.kind != "f":
+            return super().scaled_figures(a, b, eps, elementwise, finite=False)
+        dtype = ha.dtype if ha.dtype in _HOST_COMPUTE else np.float32  # a's compute dtype (see the base)
+        return scaled.scaled_error(np_xp, ha.astype(dtype, copy=False), hb.astype(dtype, copy=False), eps,
+                                   tuple(hb.shape), finite=finite, **scaled_options(elementwise))
 
     def ratio_reductions(self, a: Any, b: Any, tol: float) -> Any:
         """The core formula (metrics.ratio_reductions) on NumPy views where host_view allows,

@@ -74,3 +74,13 @@ def maximum(x: Any, y: Any) -> Any:
 
 def stack(xs: Any, axis: int = 0) -> Any:
     return _C.stack([x if isinstance(x, torch.Tensor) else torch.tensor(x) for x in xs], axis)
+
+
+# one-pass forms the core uses when a namespace offers them (probes/core/scaled.py)
+def max_abs(x: Any) -> Any:
+    lo, hi = _C.aminmax(x)
+    return _C.maximum(hi, -lo)
+
+
+def root_mean_square(x: Any) -> Any:
+    return torch._C._linalg.linalg_vector_norm(x, 2) / ((x.numel() or 1) ** 0.5)

@@ -42,6 +42,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from probes.core import metrics
 from probes.core.metrics import CHUNK_ELEMENTS
 
 MIN_ROW = 16
@@ -72,6 +73,39 @@ def _row_chunks(xp: Any, a: Any, b: Any, row: int, chunk: int):
         ca, cb = flat_a[start : start + step], flat_b[start : start + step]
         m = ca.shape[0] // row
         yield xp.reshape(ca, (m, row)), xp.reshape(cb, (m, row))
+
+
+def _elementwise_error(xp: Any, a: Any, b: Any, tiny: float, chunk: int, finite: bool) -> Any:
+    """scaled_error with every element at its own magnitude: max |a - b| / max(|b|, tiny), in a
+    handful of operators (the row machinery would spend a dozen on rows of one element)."""
+    parts = []
+    for ca, cb in metrics.iter_chunks(xp, a, b, chunk):
+        if not finite:
+            ca, cb = xp.astype(ca, xp.float64), xp.astype(cb, xp.float64)
+            fin = xp.isfinite(ca) & xp.isfinite(cb)
+            zero = xp.zeros_like(cb)
+            fa, fb = xp.where(fin, ca, zero), xp.where(fin, cb, zero)
+        else:
+            fa, fb = ca, cb
+        q = fa - fb if fa.dtype == fb.dtype else xp.astype(fa, fb.dtype) - fb
+        q /= xp.maximum(xp.abs(fb), tiny)
+        err = _max_abs(xp, q)
+        if finite:
+            none = err * 0.0
+            parts.append(xp.stack([err, none, none]))
+            continue
+        nan_a, nan_b = xp.isnan(ca), xp.isnan(cb)
+        nan_mm = xp.sum(xp.astype(nan_a != nan_b, cb.dtype))
+        inf_mm = xp.sum(xp.astype(~fin & ~(nan_a | nan_b) & (ca != cb), cb.dtype))
+        parts.append(xp.stack([err, nan_mm, inf_mm]))
+    return _combine(xp, parts)
+
+
+def _combine(xp: Any, parts: list[Any]) -> Any:
+    if len(parts) == 1:
+        return parts[0]
+    stacked = xp.stack(parts)
+    return xp.stack([xp.max(stacked[:, 0]), xp.sum(stacked[:, 1]), xp.sum(stacked[:, 2])])
 
 
 def row_floor(eps: float, threshold: float) -> float:
@@ -108,17 +142,16 @@ def scaled_error(xp: Any, a: Any, b: Any, eps: float, shape: tuple[int, ...] | N
     # no row is judged below the output dtype's smallest normal number: under it the dtype's
     # spacing is absolute (fp16's subnormals below 6.1e-5 would otherwise score up to 1024 ulps)
     tiny = smallest_scale(eps)
+    if row == 1 and floor == 0.0:
+        return _elementwise_error(xp, a, b, tiny, chunk, finite)
     parts = []
     for ca, cb in _row_chunks(xp, a, b, row, chunk):
-        # few chunk-sized temporaries alive at once (this runs for every output of every op in
-        # online_dispatch: more of them made the allocator return and re-fault its pages each call)
-        private = ca.dtype != cb.dtype  # fa is then a private buffer (never the caller's data)
+        # few chunk-sized temporaries alive at once, and few passes: this runs for every checked
+        # output (free_benchmark) and every op output (online_dispatch)
         if finite:
-            fb = cb
-        else:
-            if private:
-                ca = xp.astype(ca, cb.dtype)
-            private = True
+            fa, fb = ca, cb
+        else:  # the robust pass: float64 (squares cannot overflow), non-finite pairs masked out
+            ca, cb = xp.astype(ca, xp.float64), xp.astype(cb, xp.float64)
             fin = xp.isfinite(ca) & xp.isfinite(cb)
             zero = xp.zeros_like(cb)
             fa = xp.where(fin, ca, zero)
@@ -130,16 +163,19 @@ def scaled_error(xp: Any, a: Any, b: Any, eps: float, shape: tuple[int, ...] | N
             level = max(tensor_rms * floor, tiny)
         row_scale = xp.maximum(xp.sqrt(row_ms), level)
         denom = xp.maximum(xp.abs(fb), xp.reshape(row_scale, (-1, 1)))
-        if finite:
-            fa = xp.astype(ca, cb.dtype) if private else ca
-        if private:
-            q = fa
+        if fa.dtype != fb.dtype:
+            q = xp.astype(fa, fb.dtype)  # a private buffer: never the caller's data
             q -= fb
-        else:
+        elif finite:
             q = fa - fb
+        else:
+            q = fa  # the where() above made it private
+            q -= fb
         q /= denom
-        err = xp.maximum(xp.max(q), -xp.min(q))  # max |q| without another pass for abs
+        err = _max_abs(xp, q)  # max |q| without another pass for abs
         if finite:
+            if tensor_rms is None:  # squares that overflowed make the scale inf: NaN sends the caller to the robust pass
+                err = err + level * 0.0
             none = err * 0.0
             parts.append(xp.stack([err, none, none]))
             continue
@@ -147,10 +183,37 @@ def scaled_error(xp: Any, a: Any, b: Any, eps: float, shape: tuple[int, ...] | N
         nan_mm = xp.sum(xp.astype(nan_a != nan_b, cb.dtype))
         inf_mm = xp.sum(xp.astype(~fin & ~(nan_a | nan_b) & (ca != cb), cb.dtype))
         parts.append(xp.stack([err, nan_mm, inf_mm]))
-    if len(parts) == 1:
-        return parts[0]
-    stacked = xp.stack(parts)
-    return xp.stack([xp.max(stacked[:, 0]), xp.sum(stacked[:, 1]), xp.sum(stacked[:, 2])])
+    return _combine(xp, parts)
+
+
+# the figures of `bound_figures`: [max |a - b|, RMS of b]
+BOUND_COUNT = 2
+
+
+def _max_abs(xp: Any, x: Any) -> Any:
+    fast = getattr(xp, "max_abs", None)  # a namespace may do it in one pass
+    return fast(x) if fast is not None else xp.maximum(xp.max(x), -xp.min(x))
+
+
+def bound_figures(xp: Any, a: Any, b: Any) -> Any:
+    """Device array [max |a - b|, RMS of b] over the whole leaves (any shape, same dtype): the
+    two figures `error_bound` needs. A few operators, against the full measure's two dozen,
+    which is what a call costs on small and medium outputs; NaN anywhere makes the first NaN."""
+    d = a - b
+    top = _max_abs(xp, xp.reshape(d, (-1,)))
+    flat = xp.reshape(b, (-1,))
+    fast = getattr(xp, "root_mean_square", None)
+    rms = fast(flat) if fast is not None else xp.sqrt(xp.sum(flat * flat) / flat.shape[0])
+    return xp.stack([top, rms])
+
+
+def finish_bound(figures: list[float], eps: float, floor: float | None = None) -> float:
+    """`error_bound` from the host copy of `bound_figures`; inf when it cannot bound (a NaN, or
+    squares that overflowed)."""
+    top, rms = figures[0], figures[1]
+    if not (math.isfinite(top) and math.isfinite(rms)):
+        return math.inf
+    return error_bound(top, rms, eps, floor)
 
 
 def smallest_scale(eps: float) -> float:

@@ -206,10 +206,18 @@ def _single_verdict(backend: Any, path, a: Any, h: list[float], limits: Any) -> 
                         "nonfinite_mismatch": sv.nonfinite_mismatch})
 
 
+# dtypes whose leaves are first bounded (probes/core/scaled.py error_bound): their threshold is
+# far above their rounding, so MaxAbsErr over lam * RMS settles almost every clean leaf in a few
+# operators; half dtypes (4 ulps) and element-wise judging go straight to the full measure
+_BOUNDED_DTYPES = ("float32", "float64")
+
+
 def _scaled(backend: Any, pairs: list, pert_mode: str, tolerance: float | None, input_move: Any,
             stage: str, elementwise: bool) -> list[LeafVerdict]:
-    """The scaled rule for every leaf: one host transfer for all figures (and the input's move),
-    a second one only for a flagged leaf, to report msprobe's figure next to the scaled one."""
+    """The scaled rule for every leaf. One host transfer for every leaf's first figures (and
+    the input's move, when it is measured); a second only for the leaves whose bound does not
+    settle them, a third only for a leaf holding inf/NaN (the fast pass assumes finite values),
+    and a last one for a flagged leaf, to report msprobe's figure next to the scaled one."""
     figures: list[Any] = []
     plans: list[tuple[str, tuple, Any, Any]] = []
     verdicts: list[LeafVerdict] = []
@@ -218,8 +226,13 @@ def _scaled(backend: Any, pairs: list, pert_mode: str, tolerance: float | None, 
             if backend.numel(a) == 0:
                 continue
             if backend.is_float(a) and backend.is_float(b):
-                figures.append(backend.scaled_figures(a, b, th.machine_eps(backend.dtype_name(a)), elementwise))
-                plans.append(("scaled", path, a, b))
+                name = backend.dtype_name(a)
+                if not elementwise and name in _BOUNDED_DTYPES and pert_mode != "no_change":
+                    figures.append(backend.scaled_bound_figures(a, b))
+                    plans.append(("bound", path, a, b))
+                else:
+                    figures.append(backend.scaled_figures(a, b, th.machine_eps(name), elementwise, finite=True))
+                    plans.append(("scaled", path, a, b))
             else:
                 figures.append(backend.any_differ(a, b))
                 plans.append(("exact", path, a, b))
@@ -227,15 +240,44 @@ def _scaled(backend: Any, pairs: list, pert_mode: str, tolerance: float | None, 
             verdicts.append(_scalar_scaled(path, a, float(b), pert_mode))
         elif isinstance(a, (bool, int)) and a != b:
             verdicts.append(_exact_verdict(path, a, 1.0, type(a).__name__, "", pert_mode))
-    if input_move is not None:
+    measured_move = input_move is not None and not isinstance(input_move, (int, float))
+    if measured_move:
         figures.append(input_move)
     host = backend.host_floats(figures)
     move = 0.0
-    if input_move is not None:
+    if measured_move:
         move = scaled.finish(host.pop())[0]
         move = move if math.isfinite(move) else 0.0
+    elif input_move is not None:
+        move = float(input_move)
+    bounded: set[int] = set()
+    measure = []
+    for i, ((kind, _path, a, _b), h) in enumerate(zip(plans, host)):
+        if kind == "bound":
+            name = backend.dtype_name(a)
+            bound = scaled.finish_bound(h, th.machine_eps(name))
+            if bound <= th.scaled_threshold(name, pert_mode, move, stage):
+                host[i] = [bound, 0.0, 0.0]
+                bounded.add(i)
+            else:
+                measure.append((i, True))
+        elif kind == "scaled" and not math.isfinite(h[0]):
+            measure.append((i, False))
+    for finite in (True, False):  # the full measure, then (rare: inf or NaN) the masked one
+        batch = [i for i, f in measure if f == finite]
+        if not batch:
+            continue
+        again = []
+        for i in batch:
+            _kind, _path, a, b = plans[i]
+            again.append(backend.scaled_figures(a, b, th.machine_eps(backend.dtype_name(a)), elementwise,
+                                                finite=finite))
+        for i, h in zip(batch, backend.host_floats(again)):
+            host[i] = h
+            if finite and not math.isfinite(h[0]):
+                measure.append((i, False))
     flagged = []
-    for (kind, path, a, b), h in zip(plans, host):
+    for i, ((kind, path, a, b), h) in enumerate(zip(plans, host)):
         if kind == "exact":
             verdicts.append(_exact_verdict(path, a, h[0], backend.dtype_repr(a), backend.shape_repr(a), pert_mode))
             continue
@@ -247,6 +289,8 @@ def _scaled(backend: Any, pairs: list, pert_mode: str, tolerance: float | None, 
         detail = {"rule": "scaled", "scaled_error": err, "ulps": err / th.machine_eps(name),
                   "scale": "element" if elementwise else "row",
                   "nan_mismatch": nan_mm, "inf_mismatch": inf_mm}
+        if i in bounded:
+            detail["bound"] = True  # an upper bound that already settled the leaf
         if input_move is not None:
             detail["input_move"] = move
         v = LeafVerdict(path, a, ok, max_rel, round(limit, 12), math.inf if (nan_mm or inf_mm) else 1.0 + err,

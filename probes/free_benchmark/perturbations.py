@@ -31,8 +31,9 @@ class PerturbedCall:
     kwargs: dict[str, Any]
     on_cpu: bool = False
     # (original, perturbed) input leaf of the single-leaf modes: the scaled rule measures how far
-    # the input moved, to judge the output's move against it
+    # the input moved, to judge the output's move against it, unless the mode knows the bound
     moved: tuple[Any, Any] | None = None
+    move: float | None = None  # the input's move at its scale, when known without measuring
 
 
 @dataclass
@@ -100,6 +101,11 @@ class Perturbation:
     def perturb(self, t: Any) -> Any:
         raise NotImplementedError
 
+    def move_bound(self, dtype_name: str) -> float | None:
+        """How far the perturbation moves its input at the input's scale (probes/core/scaled.py),
+        when that is known without measuring; None: measure it."""
+        return None
+
     def build(self, args: tuple, kwargs: dict) -> PerturbedCall | Cancelled:
         reason = "no floating-point tensor among the inputs"
         for where, path, leaf in _float_leaves(self.backend, args, kwargs):
@@ -107,7 +113,8 @@ class Perturbation:
             if why is None:
                 new = self.perturb(leaf)
                 new_args, new_kwargs = _replace(args, kwargs, where, path, new)
-                return PerturbedCall(new_args, _no_inplace(new_kwargs), moved=(leaf, new))
+                return PerturbedCall(new_args, _no_inplace(new_kwargs), moved=(leaf, new),
+                                     move=self.move_bound(self.backend.dtype_name(leaf)))
             reason = why
         return Cancelled(reason)
 
@@ -160,6 +167,11 @@ class AddNoise(Perturbation):
 
     mode = "add_noise"
 
+    def move_bound(self, dtype_name: str) -> float | None:
+        # one ulp of an element is at most eps of its magnitude (exactly eps just above a power
+        # of two), and at most that of the row's scale for the smaller ones
+        return th.MACHINE_EPS.get(dtype_name) if self.add_noise_style == "ulp" else None
+
     def perturb(self, t: Any) -> Any:
         b, t, back = _workspace(self.backend, t)
         xp = b.namespace(t)
@@ -182,6 +194,9 @@ class BitNoise(Perturbation):
     infinite (the reference turned them into NaN, B5)."""
 
     mode = "bit_noise"
+
+    def move_bound(self, dtype_name: str) -> float | None:
+        return th.MACHINE_EPS.get(dtype_name)  # +-1 ulp of normal elements, as add_noise
 
     def perturb(self, t: Any) -> Any:
         b, t, back = _workspace(self.backend, t)

@@ -295,10 +295,13 @@ class FreeBenchmarkProbe:
         self._record(meta.key, name, stats, verdicts, self.current_step, preheat=preheat_row)
 
     def input_move(self, pert: Any) -> Any:
-        """Device figures of how far add_noise / bit_noise moved their input, at its scale (the
-        scaled rule's allowance for the output's move); None for the other modes and rules."""
+        """How far add_noise / bit_noise moved their input, at its scale (the scaled rule's
+        allowance for the output's move): the mode's bound (one ulp: eps) or, for msprobe's
+        x + v style, device figures measured here; None for the other modes and rules."""
         if self.fb.rule != "scaled" or self.fb.pert_mode not in ("add_noise", "bit_noise") or pert.moved is None:
             return None
+        if pert.move is not None:
+            return pert.move
         original, moved = pert.moved
         b = self.backend
         return b.scaled_figures(moved, original, th.machine_eps(b.dtype_name(original)))

@@ -55,6 +55,7 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from probes.backends.base import scaled_options  # noqa: E402
 from probes.backends.torch_apis import build_catalog  # noqa: E402
 from probes.core import metrics, scaled  # noqa: E402
 from probes.core import thresholds as th  # noqa: E402
@@ -271,9 +272,11 @@ class LeafFigures:
     scaled_flag: bool
 
 
-def judge(low: Any, high: Any, skipped: Counter | None = None) -> list[LeafFigures]:
+def judge(low: Any, high: Any, skipped: Counter | None = None, pointwise: bool = False) -> list[LeafFigures]:
     """Both rules on every floating leaf of `low` (a bf16/fp16/fp32 result) against `high`;
-    `skipped` counts the floating leaves that cannot be judged, by reason."""
+    `skipped` counts the floating leaves that cannot be judged, by reason. `pointwise`: the API
+    carries aten's pointwise tag, so the scaled measure judges each element at its own magnitude,
+    as the probe does."""
     if XP is None:
         raise ImportError("array-api-compat is required")
     skipped = Counter() if skipped is None else skipped
@@ -299,7 +302,8 @@ def judge(low: Any, high: Any, skipped: Counter | None = None) -> list[LeafFigur
         rv = metrics.finish_ratio(red, tol)
         t_ratio = th.ratio_threshold(name, "improve_precision")
         eps = torch.finfo(a.dtype).eps
-        err, nan_mm, inf_mm = scaled.finish(scaled.scaled_error(XP, a64, b64, eps, tuple(a.shape)).tolist())
+        extra = scaled_options(pointwise)
+        err, nan_mm, inf_mm = scaled.finish(scaled.scaled_error(XP, a64, b64, eps, tuple(a.shape), **extra).tolist())
         t_scaled, _src = scaled_threshold(name)
         note = "nan_mismatch" if rv.nan_mismatch else "inf_mismatch" if rv.inf_mismatch else (
             "symbol_flipping" if rv.symbol_flipping else "")
@@ -480,7 +484,7 @@ def _oracle(entry: Entry, rec: dict[str, Any], plain: Any, inp: Any, args: tuple
     if err is not None:
         return {"status": f"float64 call fails: {err}"}
     skipped: Counter = Counter()
-    leaves = judge(plain, high, skipped)
+    leaves = judge(plain, high, skipped, pointwise=_pointwise(rec["key"]))
     if not leaves:
         return {"status": "not judged: " + ", ".join(sorted(skipped)) if skipped else "no floating output"}
     worst_r = max(leaves, key=lambda v: (bool(v.ratio_note), v.ratio))
@@ -489,6 +493,16 @@ def _oracle(entry: Entry, rec: dict[str, Any], plain: Any, inp: Any, args: tuple
             "scaled_flag": any(v.scaled_flag for v in leaves),
             "ratio": worst_r.ratio_note or worst_r.ratio, "scaled": worst_s.scaled,
             "leaves": [asdict(v) for v in leaves[:8]]}
+
+
+_POINTWISE: dict[str, bool] = {}
+
+
+def _pointwise(key: str | None) -> bool:
+    """Whether the probe judges this hooked API element by element (probes.backends.torch_apis)."""
+    if not _POINTWISE:
+        _POINTWISE.update((m.key, m.pointwise) for m in build_catalog())
+    return bool(key) and _POINTWISE.get(key, False)
 
 
 def _probe_flagged(p: dict[str, Any]) -> bool:
@@ -622,6 +636,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="write every figure and every sample's record here")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--verbose", action="store_true", help="list every miss, breakage and probe error")
+    p.add_argument("--fp32-mode", default="no_change", choices=("no_change", "improve_precision"),
+                   help="float32's mode: the determinism control (default) or improve_precision, which the "
+                        "scaled rule re-runs in float64 (the reference rule skips float32, as msprobe)")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     accepted = rule_accepted("scaled")
@@ -636,7 +653,8 @@ def main(argv: list[str] | None = None) -> int:
     entries, outside = build_corpus(a.ops.split(",") if a.ops else None, a.limit)
     print(f"corpus: {len(entries)} OpInfo entries reachable through hooked names "
           f"({Counter(e.how for e in entries)}), {len(outside)} outside; {time.perf_counter() - t0:.1f} s")
-    result = run_corpus(entries, a.dtypes.split(","), a.samples, rules, progress=print)
+    modes = dict(DEFAULT_MODE, float32=a.fp32_mode)
+    result = run_corpus(entries, a.dtypes.split(","), a.samples, rules, modes=modes, progress=print)
     total = time.perf_counter() - t0
     print(table(result["configs"]))
     if a.verbose:

@@ -148,3 +148,39 @@ def test_generated_tests_run_their_own_probe_under_a_session_task(suite):
                                         f"--msprobe-dump-path={suite.path / 'out'}", "-k", "softmax or expm1")
     result.assert_outcomes(passed=3, failed=1)  # the same verdicts as without the session task
     assert "already running" not in result.stdout.str()
+
+
+REDUCED_SUITE = '''
+import pytest
+
+
+@pytest.mark.msprobe_api("torch.nn.functional.linear", dtypes=["float32"], pert_modes=["improve_precision"],
+                         examples=20)
+def test_linear():
+    pass
+'''
+
+REDUCED_CONFTEST = '''
+import sys
+sys.path.insert(0, {tests!r})
+import seeded_reduced
+import torch.nn.functional as F
+
+
+def pytest_configure(config):
+    F.linear = lambda input, weight, bias=None: seeded_reduced.reduced_linear(input, weight, bias)
+'''
+
+
+@pytest.mark.parametrize("seeded", [True, False], ids=["reduced", "clean"])
+def test_float32_improve_precision_catches_a_reduced_precision_kernel(pytester, seeded):
+    from pathlib import Path
+
+    pytester.makepyfile(test_reduced=REDUCED_SUITE)
+    pytester.makeconftest(REDUCED_CONFTEST.format(tests=str(Path(__file__).parent)) if seeded else "")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    if seeded:
+        result.assert_outcomes(failed=1)
+        result.stdout.fnmatch_lines(["*Functional.linear.* (float32, improve_precision): max_rel * > threshold 0.0002*"])
+    else:
+        result.assert_outcomes(passed=1)

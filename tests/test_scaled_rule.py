@@ -376,3 +376,11 @@ def test_the_cheap_bound_never_undercuts_the_measure(shape):
         assert exact <= bound * (1 + 1e-9)
     b[0] = float("nan")
     assert scaled.finish_bound(scaled.bound_figures(torch_xp, b.clone(), b).tolist(), FP32_EPS) == math.inf
+
+
+def test_complex_outputs_are_compared_by_their_parts(fb_config):
+    x = torch.randn(256, generator=torch.Generator().manual_seed(0))
+    dbg, out = run(fb_config(pert_mode="improve_precision", rule="scaled", list=["Torch.fft.fft"]),
+                   lambda: torch.fft.fft(x))
+    assert out.dtype == torch.complex64
+    assert dbg.rows == [] and dbg.summary()["apis"]["Torch.fft.fft"]["checked"] == 1

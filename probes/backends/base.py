@@ -95,6 +95,10 @@ class BackendDefaults:
     def to_compute(self, t: Any, like: Any) -> Any:  # pragma: no cover - every backend defines it
         raise NotImplementedError
 
+    def real_view(self, t: Any) -> Any:
+        """A complex tensor as a float tensor of its real and imaginary parts; others as they are."""
+        return t
+
     def lacks_float64(self, t: Any) -> bool:
         """True when the tensor's device cannot run float64 kernels (the re-run goes to the CPU)."""
         return False

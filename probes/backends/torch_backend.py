@@ -91,6 +91,9 @@ class TorchBackend(BackendDefaults):
             return torch.float64 if (x in _LOW_PRECISION or x == torch.float32) else None
         return None
 
+    def real_view(self, t: Any) -> Any:
+        return torch.view_as_real(t.detach().resolve_conj()) if t.is_complex() else t
+
     def lacks_float64(self, t: Any) -> bool:
         return t.device.type in NO_FLOAT64_DEVICES
 

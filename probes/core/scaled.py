@@ -80,25 +80,33 @@ def _elementwise_error(xp: Any, a: Any, b: Any, tiny: float, chunk: int, finite:
     handful of operators (the row machinery would spend a dozen on rows of one element)."""
     parts = []
     for ca, cb in metrics.iter_chunks(xp, a, b, chunk):
-        if not finite:
-            ca, cb = xp.astype(ca, xp.float64), xp.astype(cb, xp.float64)
-            fin = xp.isfinite(ca) & xp.isfinite(cb)
-            zero = xp.zeros_like(cb)
-            fa, fb = xp.where(fin, ca, zero), xp.where(fin, cb, zero)
-        else:
-            fa, fb = ca, cb
+        ca, cb, fin, fa, fb = _prepared(xp, ca, cb, finite)
         q = fa - fb if fa.dtype == fb.dtype else xp.astype(fa, fb.dtype) - fb
         q /= xp.maximum(xp.abs(fb), tiny)
-        err = _max_abs(xp, q)
-        if finite:
-            none = err * 0.0
-            parts.append(xp.stack([err, none, none]))
-            continue
-        nan_a, nan_b = xp.isnan(ca), xp.isnan(cb)
-        nan_mm = xp.sum(xp.astype(nan_a != nan_b, cb.dtype))
-        inf_mm = xp.sum(xp.astype(~fin & ~(nan_a | nan_b) & (ca != cb), cb.dtype))
-        parts.append(xp.stack([err, nan_mm, inf_mm]))
+        parts.append(_chunk_figures(xp, _max_abs(xp, q), ca, cb, fin))
     return _combine(xp, parts)
+
+
+def _prepared(xp: Any, ca: Any, cb: Any, finite: bool) -> tuple[Any, Any, Any, Any, Any]:
+    """(ca, cb, finite mask, a side, b side) of one chunk: as they are for the fast pass; for the
+    robust one in float64 (squares cannot overflow) with non-finite pairs set to zero."""
+    if finite:
+        return ca, cb, None, ca, cb
+    ca, cb = xp.astype(ca, xp.float64), xp.astype(cb, xp.float64)
+    fin = xp.isfinite(ca) & xp.isfinite(cb)
+    zero = xp.zeros_like(cb)
+    return ca, cb, fin, xp.where(fin, ca, zero), xp.where(fin, cb, zero)
+
+
+def _chunk_figures(xp: Any, err: Any, ca: Any, cb: Any, fin: Any) -> Any:
+    """[err, nan mismatches, inf mismatches] of a chunk (the counts are 0 in the fast pass, fin None)."""
+    if fin is None:
+        none = err * 0.0
+        return xp.stack([err, none, none])
+    nan_a, nan_b = xp.isnan(ca), xp.isnan(cb)
+    nan_mm = xp.sum(xp.astype(nan_a != nan_b, cb.dtype))
+    inf_mm = xp.sum(xp.astype(~fin & ~(nan_a | nan_b) & (ca != cb), cb.dtype))
+    return xp.stack([err, nan_mm, inf_mm])
 
 
 def _combine(xp: Any, parts: list[Any]) -> Any:
@@ -148,14 +156,7 @@ def scaled_error(xp: Any, a: Any, b: Any, eps: float, shape: tuple[int, ...] | N
     for ca, cb in _row_chunks(xp, a, b, row, chunk):
         # few chunk-sized temporaries alive at once, and few passes: this runs for every checked
         # output (free_benchmark) and every op output (online_dispatch)
-        if finite:
-            fa, fb = ca, cb
-        else:  # the robust pass: float64 (squares cannot overflow), non-finite pairs masked out
-            ca, cb = xp.astype(ca, xp.float64), xp.astype(cb, xp.float64)
-            fin = xp.isfinite(ca) & xp.isfinite(cb)
-            zero = xp.zeros_like(cb)
-            fa = xp.where(fin, ca, zero)
-            fb = xp.where(fin, cb, zero)
+        ca, cb, fin, fa, fb = _prepared(xp, ca, cb, finite)
         row_ms = xp.sum(fb * fb, axis=1) / row
         if tensor_rms is None:
             level = xp.maximum(xp.sqrt(xp.sum(row_ms) / row_ms.shape[0]) * floor, tiny)
@@ -173,16 +174,9 @@ def scaled_error(xp: Any, a: Any, b: Any, eps: float, shape: tuple[int, ...] | N
             q -= fb
         q /= denom
         err = _max_abs(xp, q)  # max |q| without another pass for abs
-        if finite:
-            if tensor_rms is None:  # squares that overflowed make the scale inf: NaN sends the caller to the robust pass
-                err = err + level * 0.0
-            none = err * 0.0
-            parts.append(xp.stack([err, none, none]))
-            continue
-        nan_a, nan_b = xp.isnan(ca), xp.isnan(cb)
-        nan_mm = xp.sum(xp.astype(nan_a != nan_b, cb.dtype))
-        inf_mm = xp.sum(xp.astype(~fin & ~(nan_a | nan_b) & (ca != cb), cb.dtype))
-        parts.append(xp.stack([err, nan_mm, inf_mm]))
+        if finite and tensor_rms is None:  # squares that overflowed make the scale inf: NaN sends the caller to the robust pass
+            err = err + level * 0.0
+        parts.append(_chunk_figures(xp, err, ca, cb, fin))
     return _combine(xp, parts)
 
 

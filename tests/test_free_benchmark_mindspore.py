@@ -557,3 +557,17 @@ def test_plugin_keeps_frameworks_apart_in_a_mixed_suite(pytester):
                                            "-p", "no:cacheprovider")
     result.assert_outcomes(passed=3)
     result.stdout.fnmatch_lines_random(["Functional.expm1 [[]mindspore[]] *", "Torch.expm1 [[]pytorch[]] *"])
+
+
+def test_scaled_improve_precision_on_a_device_without_float64_says_why(fb_config, monkeypatch):
+    """On Ascend float64 is missing and a PyNative call cannot be moved to the CPU: float32 calls
+    are not re-run, with the reason in summary.json (the target is simulated: no NPU here)."""
+    from probes.backends.mindspore_backend import MindSporeBackend
+
+    monkeypatch.setattr(MindSporeBackend, "_ascend", True)
+    x, w = _t(np.ones((4, 8))), _t(np.ones((8, 2)))
+    dbg, _ = run(fb_config(pert_mode="improve_precision", rule="scaled", list=["mindspore.ops.matmul"]),
+                 lambda: ops.matmul(x, w))
+    reasons = dbg.summary()["not_checked"]
+    assert any("no float64" in r for r in reasons), reasons
+    assert dbg.rows == []

@@ -384,3 +384,20 @@ def test_complex_outputs_are_compared_by_their_parts(fb_config):
                    lambda: torch.fft.fft(x))
     assert out.dtype == torch.complex64
     assert dbg.rows == [] and dbg.summary()["apis"]["Torch.fft.fft"]["checked"] == 1
+
+
+def test_a_device_without_float64_re_runs_on_the_cpu(fb_config, monkeypatch):
+    """NPU / MPS have no float64 kernels: the float32 call is re-run on the CPU with every input
+    copied there (simulated by declaring the CPU such a device; no NPU here)."""
+    from probes.backends.torch_backend import BACKEND, TorchBackend
+    from probes.free_benchmark.perturbations import make_perturbation
+
+    monkeypatch.setattr(TorchBackend, "lacks_float64", lambda self, t: True)
+    x, idx = torch.randn(4, 8), torch.tensor([0, 2])
+    call = make_perturbation("improve_precision", BACKEND, rule="scaled").build((x, idx), {"dtype": torch.float32})
+    assert call.on_cpu and call.args[0].dtype == torch.float64 and call.args[0].device.type == "cpu"
+    assert call.args[1].dtype == torch.int64 and call.kwargs["dtype"] == torch.float64
+    seeded_reduced.install_reduced_linear(monkeypatch)
+    model = _mlp()
+    dbg, _ = run(fb_config(pert_mode="improve_precision", rule="scaled", list=["linear"]), lambda: _step(model))
+    assert {r.api for r in dbg.rows} == {"Functional.linear"}

@@ -20,7 +20,8 @@ class _Bound:
     must not go through that replacement."""
 
     def __init__(self) -> None:
-        for name in ('abs', 'amax', 'amin', 'bitwise_xor', 'cat', 'full_like', 'isfinite', 'isnan', 'maximum', 'mean', 'ones_like', 'reshape', 'sqrt', 'stack', 'sum', 'where', 'zeros', 'zeros_like'):
+        for name in ("abs", "amax", "amin", "bitwise_xor", "cat", "full_like", "isfinite", "isnan", "maximum",
+                     "mean", "ones_like", "reshape", "sqrt", "sum", "where", "zeros", "zeros_like"):
             setattr(self, name, getattr(ops, name))
 
 
@@ -87,7 +88,7 @@ def sqrt(x: Any) -> Any:
 
 
 def stack(xs: Any, axis: int = 0) -> Any:
-    # _ops.cat of reshaped inputs: MindSpore 2.10's _ops.stack costs ~0.8 ms per call on the CPU,
+    # ops.cat of reshaped inputs: MindSpore 2.10's ops.stack costs ~0.8 ms per call on the CPU,
     # 30x the concatenation, and the probes stack a few scalars per checked call
     parts = [_t(x) for x in xs]
     return _ops.cat([p.reshape(p.shape[:axis] + (1,) + p.shape[axis:]) for p in parts], axis)

@@ -10,6 +10,7 @@ objects back at stop: after `uninstall()`, `torch.nn.functional.linear is torch.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any
 
@@ -77,6 +78,7 @@ _DUNDER_OPS = {"add": "add", "radd": "add", "sub": "sub", "rsub": "sub", "mul": 
                "rfloordiv": "floor_divide", "mod": "remainder", "rmod": "remainder"}
 
 
+@functools.cache  # aten's tags never change in a process; the catalog is rebuilt per probe
 def _is_pointwise(name: str) -> bool:
     """Whether the aten op of this name carries aten's pointwise tag on its tensor overload."""
     if name.startswith("__") and name.endswith("__"):

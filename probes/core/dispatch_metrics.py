@@ -160,15 +160,14 @@ def scaled_bound(figures: list[float], eps: float) -> float:
 
 
 def scaled_figure(xp: Any, dev: Any, ref: Any, eps: float | None, masked: bool = False,
-                  unmeasured: bool = False, tensor_rms: float | None = None) -> Any:
+                  tensor_rms: float | None = None) -> Any:
     """1-element device float64 array: the scaled error of a device leaf against its reference
     (`scaled.scaled_error`, rows by the leaf's shape), `eps` the device dtype's machine epsilon,
-    None for integer / bool leaves (0: they are compared exactly; NOT_MEASURED with
-    `unmeasured`). `dev` may be narrower than `ref` (raised chunk by chunk). The fast path assumes
+    None for integer / bool leaves (0: they are compared exactly). `dev` may be narrower than `ref` (raised chunk by chunk). The fast path assumes
     finite values: an inf or NaN makes the figure non-finite and the caller retries with
     `masked=True`, as for `leaf_figures`."""
     if eps is None:
-        return xp.full((1,), NOT_MEASURED if unmeasured else 0.0, dtype=xp.float64)
+        return xp.full((1,), 0.0, dtype=xp.float64)
     err = scaled.scaled_error(xp, dev, ref, eps, tuple(dev.shape), finite=not masked, tensor_rms=tensor_rms)[0]
     return xp.reshape(_f64(xp, err), (1,))
 

@@ -180,10 +180,6 @@ def scaled_error(xp: Any, a: Any, b: Any, eps: float, shape: tuple[int, ...] | N
     return _combine(xp, parts)
 
 
-# the figures of `bound_figures`: [max |a - b|, RMS of b]
-BOUND_COUNT = 2
-
-
 def _max_abs(xp: Any, x: Any) -> Any:
     fast = getattr(xp, "max_abs", None)  # a namespace may do it in one pass
     return fast(x) if fast is not None else xp.maximum(xp.max(x), -xp.min(x))

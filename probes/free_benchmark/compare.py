@@ -63,7 +63,8 @@ def compare_outputs(
     """Verdicts for every comparable leaf. `tolerance` overrides the forward clamp floor
     (the backward stage uses 1e-3 for every dtype). `rule`: "reference" (msprobe's ratio rule,
     or the single-benchmark rule for to_cpu) or "scaled" (probes/core/scaled.py); `input_move`:
-    the device figures of the perturbed input's move (scaled rule, add_noise / bit_noise);
+    the perturbed input's move at its scale (scaled rule, add_noise / bit_noise): a number the
+    mode knows, or device figures to measure it;
     `pointwise`: the API is element-by-element (aten's pointwise tag), so under improve_precision
     and to_cpu, which re-run it on the same input values, the scaled rule judges every element at
     its own magnitude (there is no cancellation across elements to forgive)."""
@@ -76,20 +77,17 @@ def compare_outputs(
     device_figures: list[Any] = []
     plans: list[tuple[str, tuple, Any, Any, float]] = []
     verdicts: list[LeafVerdict] = []
-    for path, a, b in pairs:
-        if backend.is_tensor(a):
-            if backend.numel(a) == 0:
-                continue
-            if backend.is_float(a) and backend.is_float(b):
-                tol = tolerance if tolerance is not None else th.forward_tolerance(backend.dtype_name(b))
-                device_figures.append(backend.ratio_reductions(a, b, tol))
-                plans.append(("ratio", path, a, b, tol))
-            else:
-                device_figures.append(backend.any_differ(a, b))
-                plans.append(("exact", path, a, b, 0.0))
-        elif isinstance(a, float) and isinstance(b, (int, float)) and not isinstance(b, bool):
+    for kind, path, a, b in _kinds(backend, pairs):
+        if kind == "float":
+            tol = tolerance if tolerance is not None else th.forward_tolerance(backend.dtype_name(b))
+            device_figures.append(backend.ratio_reductions(a, b, tol))
+            plans.append(("ratio", path, a, b, tol))
+        elif kind == "exact":
+            device_figures.append(backend.any_differ(a, b))
+            plans.append(("exact", path, a, b, 0.0))
+        elif kind == "scalar":
             verdicts.append(_scalar_verdict(path, a, float(b), pert_mode, tolerance))
-        elif isinstance(a, (bool, int)) and a != b:
+        else:
             verdicts.append(_exact_verdict(path, a, 1.0, type(a).__name__, "", pert_mode))
     host = backend.host_floats(device_figures)
     again = [i for i, (plan, h) in enumerate(zip(plans, host)) if plan[0] == "ratio" and metrics.needs_nonfinite_pass(h)]
@@ -114,6 +112,21 @@ def compare_outputs(
                          "nan_mismatch": rv.nan_mismatch, "inf_mismatch": rv.inf_mismatch, "tolerance": tol})
         )
     return _in_output_order(pairs, verdicts)
+
+
+def _kinds(backend: Any, pairs: list):
+    """(kind, path, a, b) of every leaf pair either rule judges: "float" (two float tensors),
+    "exact" (other tensors, compared exactly), "scalar" (a Python float), "differs" (a Python
+    int/bool that changed); empty tensors and equal ints are left out."""
+    for path, a, b in pairs:
+        if backend.is_tensor(a):
+            if backend.numel(a) == 0:
+                continue
+            yield ("float" if backend.is_float(a) and backend.is_float(b) else "exact"), path, a, b
+        elif isinstance(a, float) and isinstance(b, (int, float)) and not isinstance(b, bool):
+            yield "scalar", path, a, b
+        elif isinstance(a, (bool, int)) and a != b:
+            yield "differs", path, a, b
 
 
 def _in_output_order(pairs: list, verdicts: list[LeafVerdict]) -> list[LeafVerdict]:
@@ -223,24 +236,21 @@ def _scaled(backend: Any, pairs: list, pert_mode: str, tolerance: float | None, 
     figures: list[Any] = []
     plans: list[tuple[str, tuple, Any, Any]] = []
     verdicts: list[LeafVerdict] = []
-    for path, a, b in pairs:
-        if backend.is_tensor(a):
-            if backend.numel(a) == 0:
-                continue
-            if backend.is_float(a) and backend.is_float(b):
-                name = backend.dtype_name(a)
-                if not elementwise and name in _BOUNDED_DTYPES and pert_mode != "no_change":
-                    figures.append(backend.scaled_bound_figures(a, b))
-                    plans.append(("bound", path, a, b))
-                else:
-                    figures.append(backend.scaled_figures(a, b, th.machine_eps(name), elementwise, finite=True))
-                    plans.append(("scaled", path, a, b))
+    for kind, path, a, b in _kinds(backend, pairs):
+        if kind == "float":
+            name = backend.dtype_name(a)
+            if not elementwise and name in _BOUNDED_DTYPES and pert_mode != "no_change":
+                figures.append(backend.scaled_bound_figures(a, b))
+                plans.append(("bound", path, a, b))
             else:
-                figures.append(backend.any_differ(a, b))
-                plans.append(("exact", path, a, b))
-        elif isinstance(a, float) and isinstance(b, (int, float)) and not isinstance(b, bool):
+                figures.append(backend.scaled_figures(a, b, th.machine_eps(name), elementwise, finite=True))
+                plans.append(("scaled", path, a, b))
+        elif kind == "exact":
+            figures.append(backend.any_differ(a, b))
+            plans.append(("exact", path, a, b))
+        elif kind == "scalar":
             verdicts.append(_scalar_scaled(path, a, float(b), pert_mode))
-        elif isinstance(a, (bool, int)) and a != b:
+        else:
             verdicts.append(_exact_verdict(path, a, 1.0, type(a).__name__, "", pert_mode))
     measured_move = input_move is not None and not isinstance(input_move, (int, float))
     if measured_move:

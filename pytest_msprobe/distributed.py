@@ -25,6 +25,7 @@ import multiprocessing
 import os
 import pickle
 import socket
+import sys
 import tempfile
 import time
 import traceback
@@ -94,7 +95,8 @@ class RankJob:
 
 
 def _rank_main(fn: Callable[..., Any], args: tuple, kwargs: dict, rank: int, world_size: int, port: int,
-               backend: str, pg_timeout_s: float, threads: int | None, init: bool, result_path: str) -> None:
+               backend: str, pg_timeout_s: float, threads: int | None, init: bool, result_path: str,
+               simulated: dict[str, str] | None = None) -> None:
     """Entry point of a spawned rank: torchrun's environment, the process group, fn, the result file."""
     os.environ.update(rank_env(rank, world_size, port, backend))
     import torch
@@ -103,7 +105,12 @@ def _rank_main(fn: Callable[..., Any], args: tuple, kwargs: dict, rank: int, wor
     if threads:
         torch.set_num_threads(threads)
     failed_at = 0.0
+    stack = contextlib.ExitStack()
     try:
+        if simulated is not None:  # the parent's simulated NPU, again in this fresh process
+            from pytest_msprobe.testing.simulated_npu import simulated_npu
+
+            stack.enter_context(simulated_npu(defects=simulated))
         if init:
             dist.init_process_group(backend, rank=rank, world_size=world_size,
                                     timeout=timedelta(seconds=pg_timeout_s))
@@ -118,6 +125,8 @@ def _rank_main(fn: Callable[..., Any], args: tuple, kwargs: dict, rank: int, wor
                     dist.destroy_process_group()
     except BaseException as exc:  # reported to the parent, which raises it in the test
         result = ("error", (failed_at or time.time(), f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+    finally:
+        stack.close()
     try:
         payload = pickle.dumps(result)
     except Exception as exc:
@@ -126,6 +135,15 @@ def _rank_main(fn: Callable[..., Any], args: tuple, kwargs: dict, rank: int, wor
     with open(tmp, "wb") as fh:
         fh.write(payload)
     os.replace(tmp, result_path)
+
+
+def _active_simulation() -> dict[str, str] | None:
+    """The defects of the simulated NPU active in this process (None: none is), which every rank
+    then simulates too: a job dry-run on the simulated NPU uses device "npu" on every rank. Not
+    imported when nothing asked for it (torch stays lazy)."""
+    module = sys.modules.get("pytest_msprobe.testing.simulated_npu")
+    active = module.active() if module is not None else None
+    return dict(active.defects) if active is not None else None
 
 
 def _context() -> Any:
@@ -166,10 +184,11 @@ def run_ranks(fn: Callable[..., Any], world_size: int = 2, args: Sequence[Any] =
     with tempfile.TemporaryDirectory(prefix="msprobe_ranks_") as tmp:
         paths = [str(Path(tmp) / f"rank{r}.pkl") for r in range(world_size)]
         procs = []
+        simulated = _active_simulation()
         for r in range(world_size):
             p = ctx.Process(target=_rank_main, name=f"msprobe-rank{r}",
                             args=(fn, tuple(args), dict(kwargs or {}), r, world_size, port, backend, pg_timeout,
-                                  threads_per_rank, init, paths[r]))
+                                  threads_per_rank, init, paths[r], simulated))
             p.start()
             procs.append(p)
         killed, failed = _wait(procs, paths, start + float(timeout))

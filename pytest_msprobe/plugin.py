@@ -10,6 +10,7 @@ MindSpore is imported, and unprobed when no framework is.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import inspect
@@ -31,7 +32,8 @@ RULES = ("scaled", "reference")  # free_benchmark verdicts (probes.core.config.R
 TOOL_FIXTURES = ("free_benchmark", "grad_probe", "online_dispatch", "msprobe_api_case", "msprobe_distributed")
 _SESSION_KEY = pytest.StashKey["MsprobeSession"]()
 _OPTIONS_KEY = pytest.StashKey["MsprobeOptions"]()
-_RUNS_KEY = pytest.StashKey[list]()  # the tool fixtures' runs of a test, for its golden check
+_RUNS_KEY = pytest.StashKey[list]()
+_SIMULATION_KEY = pytest.StashKey[contextlib.ExitStack]()  # --msprobe-simulated-npu, closed at unconfigure  # the tool fixtures' runs of a test, for its golden check
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -48,9 +50,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--msprobe-rule", default=None,
                     help=f"{' | '.join(RULES)}: free_benchmark's verdict (default scaled: each output judged at "
                          "its own scale; reference: msprobe's element-wise ratio rule)")
+    group.addoption("--msprobe-simulated-npu", action="store_true", default=None,
+                    help="run on a simulated NPU (pytest_msprobe.testing.simulated_npu): device 'npu' and "
+                         "import torch_npu work on a CPU-only machine, to dry-run an NPU job")
+    group.addoption("--msprobe-simulated-npu-defect", action="append", default=None, metavar="OP=DEFECT",
+                    help="seed a defect into a simulated fused operator, e.g. npu_rms_norm=reduced_precision "
+                         "(repeatable; implies --msprobe-simulated-npu)")
     for name in ("task", "config", "dump_path", "device", "fail_on", "rule"):
         parser.addini(f"msprobe_{name}", f"default for --msprobe-{name.replace('_', '-')}", default=None)
     parser.addini("msprobe_regen_golden", "default for --msprobe-regen-golden", type="bool", default=False)
+    parser.addini("msprobe_simulated_npu", "default for --msprobe-simulated-npu", type="bool", default=False)
 
 
 def _option(config: pytest.Config, name: str) -> Any:
@@ -181,6 +190,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "msprobe_golden(name): compare this test's probe results with golden/<name> "
         "(--msprobe-regen-golden writes it)")
+    _start_simulated_npu(config)  # before the options: --msprobe-device resolves against it
     options = MsprobeOptions(config)
     config.stash[_OPTIONS_KEY] = options
     if options.task is None:
@@ -314,7 +324,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Any:
         options: MsprobeOptions = pyfuncitem.config.stash[_OPTIONS_KEY]
         case = callspec.params["msprobe_api_case"]
         entry = {"test": pyfuncitem.nodeid, "api": case.api, "dtype": case.dtype, "pert_mode": case.pert_mode,
-                 "flagged": None}
+                 "device": options.device, "flagged": None}
         try:
             run_case(case, options, pyfuncitem.nodeid, test_dump_path(options.root, pyfuncitem.nodeid))
         except AssertionError as exc:
@@ -417,6 +427,33 @@ def msprobe_distributed(request: pytest.FixtureRequest) -> Any:
     from pytest_msprobe.distributed import DistributedRunner
 
     return DistributedRunner(test_dump_path(request.config.stash[_OPTIONS_KEY].root, request.node.nodeid) / "distributed")
+
+
+def _start_simulated_npu(config: pytest.Config) -> None:
+    defects_given = config.getoption("--msprobe-simulated-npu-defect") or []
+    if not (config.getoption("--msprobe-simulated-npu") or config.getini("msprobe_simulated_npu") or defects_given):
+        return
+    defects = {}
+    for item in defects_given:
+        op, sep, kind = item.partition("=")
+        if not sep or not op or not kind:
+            raise pytest.UsageError(f"--msprobe-simulated-npu-defect={item!r}; expected OP=DEFECT, "
+                                    "e.g. npu_rms_norm=reduced_precision")
+        defects[op.strip()] = kind.strip()
+    from pytest_msprobe.testing.simulated_npu import SimulatedNPUError, simulated_npu
+
+    stack = contextlib.ExitStack()
+    try:
+        stack.enter_context(simulated_npu(defects=defects))
+    except (ValueError, SimulatedNPUError) as exc:
+        raise pytest.UsageError(f"--msprobe-simulated-npu: {exc}") from None
+    config.stash[_SIMULATION_KEY] = stack
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    stack = config.stash.get(_SIMULATION_KEY, None)
+    if stack is not None:
+        stack.close()
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -2,6 +2,13 @@ import logging
 
 import pytest
 
+try:  # the simulated NPU's process-global setup must come before this process's first backward
+    from pytest_msprobe.testing import prepare as _prepare_simulated_npu
+except ImportError:  # PyTorch not installed: the MindSpore-only tests still run
+    pass
+else:
+    _prepare_simulated_npu()
+
 
 @pytest.fixture
 def fb_config(tmp_path):

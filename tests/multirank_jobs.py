@@ -257,3 +257,28 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
+
+
+# ------------------------------------------------------------------------------ simulated NPU
+def npu_fused_op_job(dump: str) -> dict[str, Any]:
+    """A rank of a job dry-run on the simulated NPU (inherited from the parent process, defects
+    included): torch_npu.npu_rms_norm on device tensors under free_benchmark, then a collective.
+    gloo reduces host tensors (HCCL is not simulated), so the result crosses to the host first."""
+    import torch_npu  # type: ignore[import-not-found]
+
+    from probes.pytorch import PrecisionDebugger
+
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    x = torch.randn(4, 16, device="npu")
+    gamma = torch.rand(16, device="npu") + 0.5
+    debugger = PrecisionDebugger(config={"task": "free_benchmark", "dump_path": dump, "strict": True,
+                                         "free_benchmark": {"pert_mode": "improve_precision", "rule": "scaled"}})
+    debugger.start()
+    y, _rstd = torch_npu.npu_rms_norm(x, gamma)
+    debugger.stop()
+    debugger.step()
+    total = y.sum().cpu().reshape(1)
+    dist.all_reduce(total)
+    flagged = sorted({row["api_name"] for row in debugger.summary()["flagged"]})
+    return {"rank": rank, "device": y.device.type, "flagged": flagged, "total": float(total)}

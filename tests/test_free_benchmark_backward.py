@@ -43,8 +43,8 @@ def spy_vjps(monkeypatch):
     seen = []
     real = bw.BackwardCheck._vjp
 
-    def vjp(self, call, args, kwargs, cotangents):
-        grads = real(self, call, args, kwargs, cotangents)
+    def vjp(self, call, args, kwargs, cotangents, original=None):
+        grads = real(self, call, args, kwargs, cotangents, original)
         if args is call.args:
             seen.append([call.name, grads, None])
         else:

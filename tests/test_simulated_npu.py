@@ -147,8 +147,10 @@ def test_host_transfers_are_counted_exactly():
 
 
 def test_torch_npu_device_module_lifecycle():
-    assert not hasattr(torch, "npu")
+    assert not torch.npu.is_available() and torch.npu.device_count() == 0
+    assert torch.accelerator.is_available() is False  # PyTorch's accelerator API keeps working
     with simulated_npu():
+        assert torch.accelerator.is_available() is True
         assert torch.npu.is_available() is True
         assert torch.npu.device_count() == 1
         torch.npu.set_device(0)
@@ -157,8 +159,7 @@ def test_torch_npu_device_module_lifecycle():
         torch.npu.synchronize()
         with pytest.raises(SimulatedNPUError, match="single device"):
             torch.npu.set_device(1)
-    assert not hasattr(torch, "npu")
-    assert "torch.npu" not in sys.modules
+    assert not torch.npu.is_available() and torch.npu.device_count() == 0
 
 
 def _rms_reference(x, gamma, eps):
@@ -219,7 +220,7 @@ def test_exit_restores_everything_even_on_exception_and_refuses_nesting():
 
             assert "torch_npu" in sys.modules
             raise KeyError("boom")
-    assert not hasattr(torch, "npu") and "torch.npu" not in sys.modules
+    assert not torch.npu.is_available()
     assert "torch_npu" not in sys.modules
     with pytest.raises(ImportError):
         import torch_npu  # noqa: F401
@@ -238,7 +239,7 @@ def test_exit_restores_everything_even_on_exception_and_refuses_nesting():
                 pass
         # the outer simulation is still intact after the refused nesting
         assert torch.npu.is_available() and torch.zeros(1, device="npu").device.type == "npu"
-    assert not hasattr(torch, "npu")
+    assert not torch.npu.is_available()
 
     # sequential re-entry works (the PrivateUse1 rename is process-global and done only once)
     with simulated_npu():
@@ -254,4 +255,111 @@ def test_refuses_when_real_torch_npu_is_imported(monkeypatch):
         with simulated_npu():
             pass
     assert sys.modules["torch_npu"] is fake_real
-    assert not hasattr(torch, "npu")
+    assert not torch.npu.is_available()
+
+
+def test_fused_ops_run_on_the_device_only_with_autograd_and_rotary_mul():
+    """As with the real torch_npu: no CPU kernel; gradients are the math's own (checked against
+    float64 autograd of an independent formula); npu_rotary_mul is x * r1 + rotate_half(x) * r2."""
+    torch.manual_seed(0)
+    x, gamma = torch.randn(4, 32), torch.rand(32) + 0.5
+    r1, r2 = torch.randn(4, 32), torch.randn(4, 32)
+    with simulated_npu():
+        import torch_npu
+
+        with pytest.raises(NotImplementedError, match="CPU"):
+            torch.ops.npu.npu_rms_norm(x, gamma, 1e-6)
+        xd = x.to("npu").requires_grad_()
+        gd = gamma.to("npu").requires_grad_()
+        y, _ = torch_npu.npu_rms_norm(xd, gd)
+        (y * torch.arange(32.0, device="npu")).sum().backward()
+        got_x, got_g = xd.grad.cpu(), gd.grad.cpu()
+
+        rot = torch_npu.npu_rotary_mul(x.to("npu"), r1.to("npu"), r2.to("npu")).cpu()
+    x64, g64 = x.double().requires_grad_(), gamma.double().requires_grad_()
+    ref = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6) * g64
+    (ref * torch.arange(32.0, dtype=torch.float64)).sum().backward()
+    torch.testing.assert_close(got_x.double(), x64.grad, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got_g.double(), g64.grad, rtol=1e-4, atol=1e-5)
+    x1, x2 = x.chunk(2, -1)
+    torch.testing.assert_close(rot, x * r1 + torch.cat((-x2, x1), -1) * r2)
+
+
+def test_seeded_wrong_backward_negates_the_gradient_only():
+    torch.manual_seed(0)
+    x = torch.randn(4, 16)
+    grads, outs = {}, {}
+    for defects in ({}, {"npu_swiglu": "wrong_backward"}):
+        with simulated_npu(defects=defects):
+            import torch_npu
+
+            xd = x.to("npu").requires_grad_()
+            out = torch_npu.npu_swiglu(xd)
+            out.sum().backward()
+            key = bool(defects)
+            grads[key], outs[key] = xd.grad.cpu(), out.detach().cpu()
+    torch.testing.assert_close(outs[True], outs[False], rtol=0, atol=0)
+    torch.testing.assert_close(grads[True], -grads[False], rtol=0, atol=0)
+
+
+def test_seeding_is_the_cpu_generator_and_rng_state_round_trips():
+    with simulated_npu():
+        torch.manual_seed(3)  # calls torch.npu.manual_seed_all: must not recurse
+        a = torch.randn(5, device="npu").cpu()
+        torch.npu.manual_seed(3)
+        b = torch.randn(5, device="npu").cpu()
+        state = torch.npu.get_rng_state()
+        c = torch.randn(5, device="npu").cpu()
+        torch.npu.set_rng_state(state)
+        d = torch.randn(5, device="npu").cpu()
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    torch.testing.assert_close(c, d, rtol=0, atol=0)
+
+
+def test_module_dtype_casts_and_data_assignment_keep_data_and_metadata_together():
+    with simulated_npu():
+        layer = torch.nn.Linear(4, 4).to("npu").to(torch.bfloat16)
+        assert layer.weight.dtype == torch.bfloat16 and layer.weight.cpu().dtype == torch.bfloat16
+        out = layer(torch.ones(2, 4, device="npu", dtype=torch.bfloat16))
+        assert out.dtype == torch.bfloat16 and out.device.type == "npu"
+        with pytest.raises(SimulatedNPUError, match="another device"):
+            layer.weight.data = torch.zeros(4, 4, dtype=torch.bfloat16)
+
+
+def test_a_dispatch_mode_sees_device_tensors_and_moves_them_to_the_host():
+    """What online_dispatch relies on: inside a TorchDispatchMode, aten.to(cpu) is not decomposed
+    into _to_copy; it must still produce a CPU copy (and count a transfer)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = []
+
+    class Mode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func is torch.ops.aten.mul.Tensor:
+                host = out.to(torch.device("cpu"))
+                seen.append((type(host), host.device.type, [t.__simulated_device__ for t in types]))
+                host.add_(1)  # a copy: the device result is untouched
+            return out
+
+    with simulated_npu() as npu:
+        x = torch.ones(3, device="npu")
+        with Mode():
+            y = x * 2
+        assert npu.host_transfers == 1
+        assert y.cpu().tolist() == [2.0, 2.0, 2.0]
+    assert seen == [(torch.Tensor, "cpu", ["npu"])]
+
+
+def test_device_detection_finds_it_as_the_real_thing():
+    """probes.backends.devices resolves `auto` and `npu` through import torch_npu and
+    torch.npu.is_available(), the same calls a real Ascend machine answers."""
+    from probes.backends.devices import DeviceUnavailable, npu_available, resolve_device
+
+    assert not npu_available() and resolve_device("auto") == "cpu"
+    with pytest.raises(DeviceUnavailable, match="no NPU"):
+        resolve_device("npu")
+    with simulated_npu():
+        assert npu_available()
+        assert resolve_device("auto") == "npu" and resolve_device("npu") == "npu"
+    assert resolve_device("auto") == "cpu"

@@ -99,6 +99,12 @@ class BackendDefaults:
         """A complex tensor as a float tensor of its real and imaginary parts; others as they are."""
         return t
 
+    def host_callable(self, prefix: str, qualname: str, original: Callable[..., Any]) -> Callable[..., Any] | str:
+        """What re-runs an API on the host (to_cpu, a float64 re-run off a device without it,
+        preheat's CPU sample): the API itself, or a stand-in for a device-only operator; a
+        string (the reason) when there is none."""
+        return original
+
     def lacks_float64(self, t: Any) -> bool:
         """True when the tensor's device cannot run float64 kernels (the re-run goes to the CPU)."""
         return False
@@ -116,6 +122,10 @@ class BackendDefaults:
         bytes every pass reads."""
         from probes.core import scaled
 
+        if not finite and self.lacks_float64(a):
+            # the robust pass computes in float64, which the device lacks: it runs on the host
+            # (only for outputs holding inf/NaN, so the copy is rare)
+            a, b = self.to_cpu_float(a), self.to_cpu_float(b)
         return scaled.scaled_error(self.scaled_namespace(a), self.to_compute(a, a), self.to_compute(b, a), eps,
                                    self.shape(b), finite=finite and self.nan_propagating,
                                    **scaled_options(elementwise))

@@ -94,6 +94,16 @@ class TorchBackend(BackendDefaults):
     def real_view(self, t: Any) -> Any:
         return torch.view_as_real(t.detach().resolve_conj()) if t.is_complex() else t
 
+    def host_callable(self, prefix: str, qualname: str, original: Any) -> Any:
+        """torch_npu's operators have no CPU kernel: on the host they are their documented math
+        (probes/backends/npu_references.py), or a reason to skip."""
+        if prefix != "NPU":
+            return original
+        from probes.backends import npu_references
+
+        found = npu_references.reference_for(qualname)
+        return found if found is not None else npu_references.no_reference_reason(f"NPU.{qualname}")
+
     def lacks_float64(self, t: Any) -> bool:
         return t.device.type in NO_FLOAT64_DEVICES
 
@@ -159,8 +169,11 @@ class TorchBackend(BackendDefaults):
         for i, a in enumerate(arrays):
             by_device.setdefault(a.device, []).append(i)
         out: list[list[float]] = [[] for _ in arrays]
-        for idx in by_device.values():
-            flat = torch.cat([arrays[i].reshape(-1).to(torch.float64) for i in idx]).tolist()
+        for device, idx in by_device.items():
+            # the widest float the device has: figures are computed in float32 or wider, so a
+            # device without float64 loses nothing by sending them as float32
+            wide = torch.float32 if device.type in NO_FLOAT64_DEVICES else torch.float64
+            flat = torch.cat([arrays[i].reshape(-1).to(wide) for i in idx]).tolist()
             pos = 0
             for i in idx:
                 out[i] = flat[pos : pos + sizes[i]]
@@ -172,7 +185,7 @@ class TorchBackend(BackendDefaults):
         b = b.to(device=a.device)
         if a.shape != b.shape:
             return torch.tensor([float(max(a.numel(), 1))], device=a.device)
-        return (a != b).sum().reshape(1).to(torch.float64)
+        return (a != b).sum().reshape(1).to(torch.float32 if a.device.type in NO_FLOAT64_DEVICES else torch.float64)
 
     def no_grad(self) -> Any:
         return torch.no_grad()

@@ -57,14 +57,14 @@ class _Call:
     """What one selected call keeps until its backward: saved inputs, where the differentiable
     inputs and outputs are, the random state and autocast context of the forward."""
 
-    __slots__ = ("key", "name", "step", "stats", "original", "args", "kwargs", "mutates", "grad_at", "out_paths",
+    __slots__ = ("key", "name", "step", "stats", "original", "on_host", "args", "kwargs", "mutates", "grad_at", "out_paths",
                  "versions", "rng", "context", "hooks", "check", "__weakref__")
 
     def release(self, unhook: bool = False) -> None:
         """Drop the inputs and the callback; `unhook` also unregisters the hooks (only outside a
         backward pass). Idempotent."""
         hooks, self.hooks = self.hooks() if self.hooks is not None else None, None
-        self.args = self.kwargs = self.rng = self.context = self.original = self.check = None
+        self.args = self.kwargs = self.rng = self.context = self.original = self.on_host = self.check = None
         if hooks is not None and unhook:
             hooks.release()
         elif hooks is not None:
@@ -113,6 +113,7 @@ class BackwardCheck:
         call = _Call()
         call.key, call.name, call.step, call.stats = meta.key, name, self.probe.current_step, stats
         call.original, call.mutates, call.grad_at = original, copy, grad_at
+        call.on_host = b.host_callable(meta.prefix, meta.qualname, original)
         call.args, call.kwargs = tree_map(keep, args), tree_map(keep, kwargs)
         call.versions = None if copy else [
             (where, path, ad.version(leaf)) for where, path, leaf in _tensor_inputs(b, args, kwargs)
@@ -166,6 +167,10 @@ class BackwardCheck:
         if isinstance(pert, Cancelled):
             probe._skip(call.key, pert.reason)
             return
+        rerun = call.on_host if pert.on_cpu else call.original
+        if isinstance(rerun, str):
+            probe._skip(call.key, rerun)
+            return
         # the perturbed (e.g. float32) inputs are built again after the original VJP, so they and
         # the original recomputation's graph are never alive together (peak memory)
         pert = None
@@ -176,7 +181,7 @@ class BackwardCheck:
                 g_orig = self._vjp(call, call.args, call.kwargs, cotangents)
                 pert = probe.perturbation.build(call.args, call.kwargs)
                 b.rng_restore(call.rng)
-                g_pert = self._vjp(call, pert.args, pert.kwargs, cotangents)
+                g_pert = self._vjp(call, pert.args, pert.kwargs, cotangents, rerun)
         finally:
             b.rng_restore(after)
         move = probe.input_move(pert) if pert is not None else None
@@ -196,7 +201,8 @@ class BackwardCheck:
             return
         probe._record(call.key, call.name, call.stats, verdicts, call.step)
 
-    def _vjp(self, call: _Call, args: tuple, kwargs: dict, cotangents: list[Any]) -> list[Any]:
+    def _vjp(self, call: _Call, args: tuple, kwargs: dict, cotangents: list[Any],
+             original: Callable[..., Any] | None = None) -> list[Any]:
         b = self.backend
         if call.mutates:  # each recomputation mutates its own copies
             def fresh(x: Any) -> Any:
@@ -205,7 +211,8 @@ class BackwardCheck:
             args, kwargs = tree_map(fresh, args), tree_map(fresh, kwargs)
         if kwargs.get("inplace"):
             kwargs = dict(kwargs, inplace=False)
-        grad_at, out_paths, original = call.grad_at, call.out_paths, call.original
+        grad_at, out_paths = call.grad_at, call.out_paths
+        original = call.original if original is None else original
         primals = [_get(args, kwargs, where, path) for where, path in grad_at]
 
         def fn(*xs: Any) -> list[Any]:

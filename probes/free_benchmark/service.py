@@ -258,11 +258,15 @@ class FreeBenchmarkProbe:
         if isinstance(pert, Cancelled):
             self._skip(meta.key, pert.reason)
             return
+        rerun = b.host_callable(meta.prefix, meta.qualname, original) if pert.on_cpu else original
+        if isinstance(rerun, str):
+            self._skip(meta.key, rerun)
+            return
         after = b.rng_snapshot(None)
         b.rng_restore(snapshot)
         try:
             with b.no_grad():
-                pert_out = original(*pert.args, **pert.kwargs)
+                pert_out = rerun(*pert.args, **pert.kwargs)
         finally:
             b.rng_restore(after)
         move = self.input_move(pert)
@@ -285,7 +289,7 @@ class FreeBenchmarkProbe:
                 args, kwargs = tree_map(_cloner(b), user_args), tree_map(_cloner(b), user_kwargs)
             if sampled:
                 try:
-                    self._preheat_sample(meta.key, name, original, args, kwargs, out, snapshot, verdicts)
+                    self._preheat_sample(meta, name, original, args, kwargs, out, snapshot, verdicts)
                 except Exception as exc:  # no sample; the ratio verdicts still count
                     if self.config.strict:
                         raise
@@ -307,20 +311,22 @@ class FreeBenchmarkProbe:
         return b.scaled_figures(moved, original, th.machine_eps(b.dtype_name(original)))
 
     # preheat (spec §4.5) ----------------------------------------------------------------------
-    def _preheat_sample(self, key, name, original, args, kwargs, out, snapshot, verdicts) -> None:
+    def _preheat_sample(self, meta, name, original, args, kwargs, out, snapshot, verdicts) -> None:
         """Run the call on the CPU (inputs copied there, half types as float32) and give every
         ratio leaf's figure to the preheat with the CPU rule's verdict for that leaf. A failed
         CPU run records nothing (the reference counted it as consistent, which can only widen)."""
         b = self.backend
         assert self._cpu_reference is not None and self.preheat is not None
+        key = meta.key
         cpu_call = self._cpu_reference.build(args, kwargs)
-        if isinstance(cpu_call, Cancelled):
+        on_host = b.host_callable(meta.prefix, meta.qualname, original)
+        if isinstance(cpu_call, Cancelled) or isinstance(on_host, str):
             return
         after = b.rng_snapshot(None)
         b.rng_restore(snapshot)
         try:
             with b.no_grad():
-                cpu_out = original(*cpu_call.args, **cpu_call.kwargs)
+                cpu_out = on_host(*cpu_call.args, **cpu_call.kwargs)
         finally:
             b.rng_restore(after)
         cpu_call = None
@@ -379,6 +385,13 @@ class FreeBenchmarkProbe:
         if stats.first_flagged is None:
             stats.first_flagged = name
             worst = stats.worst_max_rel
+            if worst is None:  # to_cpu's single-benchmark rule has no max_rel: its own figures
+                d = max(bad, key=lambda v: v.figure).detail
+                shown = ", ".join(f"{k} {d[k]:.6g}" for k in ("rel_err", "abs_err", "error_balance")
+                                  if isinstance(d.get(k), float))
+                log.warning("free_benchmark: %s is inconsistent under %s: %s (rtol %s; rows in %s)",
+                            name, self.fb.pert_mode, shown, stats.threshold, csv_path)
+                return
             shown = f"{worst:.6g}" if isinstance(worst, float) else worst
             log.warning(
                 "free_benchmark: %s is inconsistent under %s: max_rel %s > threshold %s (rows in %s)",

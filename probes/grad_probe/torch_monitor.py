@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from probes.backends.torch_backend import BACKEND
+from probes.backends.torch_backend import BACKEND, NO_FLOAT64_DEVICES
 from probes.core.config import ProbeConfig
 from probes.core.errors import ProbeError
 from probes.grad_probe import csv_format, stats
@@ -195,6 +195,7 @@ class GradMonitor(MonitorBase):
         rank = self.rank or 0
         xp = None
         pending: list[tuple[str, torch.Tensor, Any, str | None]] = []  # name, grad, device vector, md5
+        signs: list[tuple[str, torch.Tensor, tuple]] = []  # name, flat device bools (L1/L2 direction files)
         missing: list[str] = []
         with torch.no_grad():
             for name, p in self.selected:
@@ -218,15 +219,15 @@ class GradMonitor(MonitorBase):
                     md5 = None
                     if self.level == "L0":
                         md5 = stats.crc32_hex(g.to(dtype=torch.float32).cpu().numpy())
-                    else:
-                        positive = (g > 0).cpu().numpy()  # the bool is computed on the device: 1 byte/elt crosses
-                        csv_format.write_direction(csv_format.direction_path(self.dump_path, rank, step, name), positive)
+                    else:  # the bools are computed on the device; all parameters' cross in one transfer
+                        signs.append((name, (g > 0).reshape(-1), tuple(g.shape)))
                     pending.append((name, g, vec, md5))
                 except Exception as exc:
                     if self.config.strict:
                         raise  # recorded once, by on_step
                     self._record_error(step, name, exc)
             rows = self._to_host([v for _, _, v, _ in pending])
+            self._write_directions(rank, step, signs)
         records = [
             stats.split_stats(name, tuple(g.shape), row, self.bounds, self.histogram, md5)
             for (name, g, _, md5), row in zip(pending, rows)
@@ -236,6 +237,21 @@ class GradMonitor(MonitorBase):
         )
         self._after_dump(step, missing)
 
+    def _write_directions(self, rank: int, step: int, signs: list[tuple[str, torch.Tensor, tuple]]) -> None:
+        """The step's direction files, from one host copy per device of every parameter's signs."""
+        by_device: dict[Any, list[int]] = {}
+        for i, (_name, bits, _shape) in enumerate(signs):
+            by_device.setdefault(bits.device, []).append(i)
+        for idx in by_device.values():
+            host = torch.cat([signs[i][1] for i in idx]).cpu().numpy()
+            pos = 0
+            for i in idx:
+                name, bits, shape = signs[i]
+                n = bits.numel()
+                csv_format.write_direction(csv_format.direction_path(self.dump_path, rank, step, name),
+                                           host[pos : pos + n].reshape(shape))
+                pos += n
+
     @staticmethod
     def _to_host(vectors: list[Any]) -> list[list[float]]:
         """One host copy per device for every parameter's vector of the step."""
@@ -243,8 +259,9 @@ class GradMonitor(MonitorBase):
         by_device: dict[Any, list[int]] = {}
         for i, v in enumerate(vectors):
             by_device.setdefault(v.device, []).append(i)
-        for idx in by_device.values():
-            host = torch.stack([vectors[i].to(torch.float64) for i in idx]).tolist()
+        for device, idx in by_device.items():
+            wide = torch.float32 if device.type in NO_FLOAT64_DEVICES else torch.float64
+            host = torch.stack([vectors[i].to(wide) for i in idx]).tolist()
             for i, row in zip(idx, host):
                 out[i] = row
         return out
@@ -274,8 +291,8 @@ def _grad_of(p: torch.Tensor) -> torch.Tensor | None:
 
 
 def _compute_dtype(g: torch.Tensor) -> torch.dtype:
-    # Apple's MPS has no float64; everything else computes in float64 (B-G5).
-    return torch.float32 if g.device.type == "mps" else torch.float64
+    # Ascend NPUs and Apple's MPS have no float64; everything else computes in float64 (B-G5).
+    return torch.float32 if g.device.type in NO_FLOAT64_DEVICES else torch.float64
 
 
 def _as_optimizers(optimizers: Any) -> list[torch.optim.Optimizer]:

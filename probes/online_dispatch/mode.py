@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from probes.backends import npu_references
 from probes.backends.torch_backend import BACKEND
 from probes.online_dispatch import dump, reference, skip_list, verdict
 from probes.online_dispatch.options import DispatchOptions
@@ -49,12 +50,18 @@ _CHECK = object()  # cache value: compare this overload
 class _OpInfo:
     """What the mode needs about one overload, computed once."""
 
-    __slots__ = ("api", "overload", "half_to_float", "written", "skip")
+    __slots__ = ("api", "overload", "half_to_float", "written", "skip", "on_host")
 
     def __init__(self, func: Any) -> None:
-        self.api = func._opname
         self.overload = func._overloadname
         self.skip = skip_list.skip_reason(func)
+        self.api = func._opname
+        self.on_host = func
+        if func.namespace == "npu":  # torch_npu's fused ops: no CPU kernel, their math is the reference
+            self.api = f"NPU.{func._opname}"
+            self.on_host = npu_references.reference_for(func._opname)
+            if self.on_host is None and self.skip is None:
+                self.skip = skip_list.NO_CPU_REFERENCE
         self.half_to_float = reference.half_to_float_index(func) if self.skip is None else None
         self.written = reference.written_arguments(func) if self.skip is None else ((), ())
 
@@ -198,7 +205,8 @@ class OnlineDispatchMode(TorchDispatchMode):
         reason = info.skip
         if reason is None and func in self._no_cpu_kernel:
             reason = skip_list.NO_CPU_KERNEL
-        if reason is None and types:
+        if reason is None and types and not all(getattr(t, "__simulated_device__", None) for t in types):
+            # a subclass that stands for a plain device tensor (pytest_msprobe.testing.simulated_npu) is one
             reason = skip_list.UNSUPPORTED_TENSOR
         device = None
         if reason is None:
@@ -268,7 +276,7 @@ class OnlineDispatchMode(TorchDispatchMode):
                                ref.pristine_kwargs if ref.pristine_kwargs is not None else ref.kwargs)
         try:
             with torch.no_grad():
-                ref_out = job.func(*ref.args, **ref.kwargs)
+                ref_out = info.on_host(*ref.args, **ref.kwargs)
         except Exception as exc:
             self._no_cpu_kernel.add(job.func)
             return _ReferenceFailed(exc)

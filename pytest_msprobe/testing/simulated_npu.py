@@ -34,10 +34,14 @@ What is simulated
   ``.item()``, ``.tolist()``, ``bool(t)``, ``float(t)``, ``int(t)``, ``repr``/``print``, copying a device
   tensor into a CPU tensor).
 * ``torch.npu`` (``is_available``, ``device_count``, ``current_device``, ``set_device``,
-  ``synchronize``...) and an importable ``torch_npu`` stand-in whose fused operators
-  (``npu_rms_norm``, ``npu_swiglu``) are custom ops in the ``npu`` namespace
-  (``torch.ops.npu.npu_rms_norm``) with CPU implementations.  Optional seeded defects
-  (``"reduced_precision"``: compute internally in bfloat16) let other tools be tested on a known bug.
+  ``synchronize``, RNG state...) and an importable ``torch_npu`` stand-in whose fused operators
+  ``npu_rms_norm``, ``npu_swiglu`` and ``npu_rotary_mul`` (rotary_mode "half") are custom ops in
+  the ``npu`` namespace (``torch.ops.npu.npu_rms_norm``), with autograd. As with the real
+  torch_npu they have no CPU kernel: they run on device tensors only. Optional seeded defects
+  (``"reduced_precision"``: the forward kernel computes in bfloat16; ``"wrong_backward"``: the
+  backward kernel returns negated gradients) let other tools be tested on a known bug.
+* ``SimulatedNPUTensor.__simulated_device__ = "npu"`` tells tools that intercept ops (a
+  ``TorchDispatchMode`` sees the subclass in ``types``) to treat it as a plain device tensor.
 
 What is NOT simulated
 ---------------------
@@ -48,7 +52,8 @@ What is NOT simulated
 * HCCL / distributed collectives, device memory limits and out-of-memory, multiple devices
   (``device_count()`` is 1), AMP/autocast for "npu", ``torch.compile``, and the rest of the real
   ``torch_npu`` API (only the operators listed above exist).
-* The fused custom ops have no autograd formula (backward through them raises).
+* ``npu_fusion_attention`` and the other fused operators of torch_npu (only the three above exist);
+  the fused ops' backward is the clean math's gradient (recomputed, not a fused backward kernel).
 * Autograd on device tensors needs the process-global setup before the process's first backward
   pass (autograd sizes its per-device queues then): call :func:`prepare` early (conftest.py) when
   other code may have run backward first.
@@ -59,10 +64,12 @@ Process-global side effects (cannot be undone)
 ----------------------------------------------
 ``torch.utils.rename_privateuse1_backend`` can only be called once per process and cannot be reverted,
 and the Python device guard / hooks for PrivateUse1 cannot be unregistered.  So the first
-``simulated_npu()`` permanently makes ``torch.device("npu")`` parse and adds ``Tensor.npu()`` /
-``Tensor.is_npu`` (from ``torch.utils.generate_methods_for_privateuse1_backend``).  Everything else
-(``torch.npu``, ``torch_npu`` in ``sys.modules``, the ATen kernels that create device tensors, the
-``npu::`` custom ops) is installed on entry and removed on exit, even on exceptions; outside the block
+``simulated_npu()`` (or :func:`prepare`) permanently makes ``torch.device("npu")`` parse, adds
+``Tensor.npu()`` / ``Tensor.is_npu`` (from ``torch.utils.generate_methods_for_privateuse1_backend``)
+and registers ``torch.npu`` (PyTorch's accelerator API then looks it up and caches it); outside a
+block ``torch.npu.is_available()`` is False and ``device_count()`` 0.  Everything else (``torch_npu``
+in ``sys.modules``, the ATen kernels that create device tensors, the ``npu::`` custom ops) is
+installed on entry and removed on exit, even on exceptions; outside the block
 creating a tensor on ``"npu"`` fails (device tensors that outlive the block are plain Python objects and
 keep working, e.g. ``.cpu()``, but are not counted in any ``host_transfers``).  Re-entering later in the same process works; nesting does not
 (a clear :class:`SimulatedNPUError` is raised).  If a real ``torch_npu`` is imported, or PrivateUse1 was
@@ -80,20 +87,22 @@ from typing import Any, Callable, Dict, Iterator, Mapping, Tuple
 import torch
 from torch.utils._pytree import tree_map
 
-__all__ = ["SimulatedNPU", "SimulatedNPUError", "SimulatedNPUTensor", "simulated_npu", "prepare",
+__all__ = ["SimulatedNPU", "SimulatedNPUError", "SimulatedNPUTensor", "simulated_npu", "prepare", "active",
            "SUPPORTED_DEFECTS"]
 
 DEVICE_TYPE = "npu"
 
 #: operator name -> defect kinds that can be seeded into it.
 SUPPORTED_DEFECTS: Dict[str, Tuple[str, ...]] = {
-    "npu_rms_norm": ("reduced_precision",),
-    "npu_swiglu": ("reduced_precision",),
+    "npu_rms_norm": ("reduced_precision", "wrong_backward"),
+    "npu_swiglu": ("reduced_precision", "wrong_backward"),
+    "npu_rotary_mul": ("reduced_precision", "wrong_backward"),
 }
 
 _OP_SCHEMAS = {
     "npu_rms_norm": "npu_rms_norm(Tensor self, Tensor gamma, float epsilon=1e-06) -> (Tensor, Tensor)",
     "npu_swiglu": "npu_swiglu(Tensor self, int dim=-1) -> Tensor",
+    "npu_rotary_mul": "npu_rotary_mul(Tensor self, Tensor r1, Tensor r2) -> Tensor",
 }
 
 _UNSUPPORTED_DTYPES = (torch.float64,)
@@ -105,6 +114,7 @@ class SimulatedNPUError(RuntimeError):
 
 _lock = threading.Lock()
 _process_setup_done = False
+_device_module: _NPUModule | None = None
 _active: SimulatedNPU | None = None
 
 
@@ -129,10 +139,30 @@ def _is_cpu_device(device: Any) -> bool:
     return device is not None and torch.device(device).type == "cpu"
 
 
+# ops that may move a tensor between devices: aten.to is not decomposed into _to_copy when a
+# TorchDispatchMode is active (a probe's), so both are seen here
+_MOVES = (torch.ops.aten._to_copy, torch.ops.aten.to)
+
+
+def _target_device(args: tuple, kwargs: dict) -> Any:
+    """The device an aten.to / _to_copy call moves to (None: it stays)."""
+    if kwargs.get("device") is not None:
+        return kwargs["device"]
+    for a in args[1:]:
+        if isinstance(a, (torch.device, str)):
+            return a
+        if isinstance(a, torch.Tensor):  # to.other: the other tensor's device
+            return a.device
+    return None
+
+
 class SimulatedNPUTensor(torch.Tensor):
     """A tensor that reports ``device.type == "npu"`` while its data is a CPU tensor (``._cpu``)."""
 
     _cpu: torch.Tensor
+    #: Tells tools that intercept ops (a TorchDispatchMode sees this subclass in ``types``) that
+    #: it stands for an ordinary tensor of this device type, to be treated as one.
+    __simulated_device__ = DEVICE_TYPE
 
     @staticmethod
     def __new__(cls, cpu: torch.Tensor, requires_grad: bool = False) -> SimulatedNPUTensor:
@@ -152,6 +182,20 @@ class SimulatedNPUTensor(torch.Tensor):
         self._cpu = cpu
 
     __torch_function__ = torch._C._disabled_torch_function_impl
+
+    # ``param.data = new`` (nn.Module.to(dtype), user code) replaces the tensor's metadata in C++;
+    # the CPU data behind it must follow, or the wrapper would describe one dtype and hold another
+    @property  # type: ignore[override]
+    def data(self) -> torch.Tensor:
+        return torch._C.TensorBase.data.__get__(self)  # type: ignore[attr-defined]
+
+    @data.setter
+    def data(self, value: torch.Tensor) -> None:
+        if not isinstance(value, SimulatedNPUTensor):
+            raise SimulatedNPUError(
+                "cannot set .data of an NPU tensor to a tensor on another device; move it first (.to('npu'))")
+        torch._C.TensorBase.data.__set__(self, value)  # type: ignore[attr-defined]
+        self._cpu = value._cpu
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
         _count_host_transfer()
@@ -181,7 +225,7 @@ class SimulatedNPUTensor(torch.Tensor):
             return x
 
         to_host = False
-        if func is torch.ops.aten._to_copy.default and _is_cpu_device(kwargs.get("device")):
+        if func.overloadpacket in _MOVES and _is_cpu_device(_target_device(args, kwargs)):
             to_host = True
         elif func is torch.ops.aten._local_scalar_dense.default:
             to_host = True
@@ -194,9 +238,11 @@ class SimulatedNPUTensor(torch.Tensor):
 
         cpu_args = tree_map(unwrap, args)
         cpu_kwargs = tree_map(unwrap, kwargs)
-        out = func(*cpu_args, **cpu_kwargs)
+        fused = _fused_impls.get(func._schema.name) if getattr(func, "namespace", "") == "npu" else None
+        out = fused(*cpu_args, **cpu_kwargs) if fused is not None else func(*cpu_args, **cpu_kwargs)
         if to_host:
-            return out
+            # aten.to returns its argument when nothing changes: a move to the host is a copy
+            return _aten.clone.default(out) if id(out) in wrappers else out
 
         def wrap(x: Any) -> Any:
             if isinstance(x, torch.Tensor) and not isinstance(x, SimulatedNPUTensor):
@@ -217,15 +263,16 @@ class _NPUModule(types.ModuleType):
     def __init__(self) -> None:
         super().__init__("torch.npu")
         self._current = 0
+        self._enabled = False  # True inside a simulated_npu() block
 
     def is_available(self) -> bool:
-        return True
+        return self._enabled
 
     def is_initialized(self) -> bool:
-        return True
+        return self._enabled
 
     def device_count(self) -> int:
-        return 1
+        return 1 if self._enabled else 0
 
     def current_device(self) -> int:
         return self._current
@@ -243,41 +290,113 @@ class _NPUModule(types.ModuleType):
         return False
 
     def manual_seed(self, seed: int) -> None:
-        torch.manual_seed(seed)
+        # Device random ops run on the CPU generator. Not torch.manual_seed: that calls back into
+        # this module's manual_seed_all (unbounded recursion).
+        torch.default_generator.manual_seed(seed)
 
     def manual_seed_all(self, seed: int) -> None:
-        torch.manual_seed(seed)
+        torch.default_generator.manual_seed(seed)
 
     def get_device_name(self, device: Any = None) -> str:
         return "Simulated NPU (CPU-backed)"
+
+    def get_rng_state(self, device: Any = None) -> torch.Tensor:
+        return torch.default_generator.get_state()
+
+    def set_rng_state(self, state: torch.Tensor, device: Any = None) -> None:
+        torch.default_generator.set_state(state)
 
 
 # -------------------------------------------------------------------------------------- fused ops
 
 
-def _rms_norm_cpu(x: torch.Tensor, gamma: torch.Tensor, epsilon: float, reduced: bool) -> Any:
-    dims = tuple(range(x.dim() - gamma.dim(), x.dim()))
-    compute = torch.bfloat16 if reduced else torch.float32
-    xc = x.to(compute)
-    rstd = torch.rsqrt(xc.pow(2).mean(dim=dims, keepdim=True) + epsilon)
-    y = (xc * rstd * gamma.to(compute)).to(x.dtype)
-    return y, rstd.to(torch.float32)
+# The fused kernels are written with ATen operators (torch.ops.aten), not torch.* functions or
+# Tensor methods: a tool that hooks those (free_benchmark patches torch.rsqrt, Tensor.pow...)
+# must see one fused call, as on the hardware, not the simulation's insides.
+_aten = torch.ops.aten
 
 
-def _swiglu_cpu(x: torch.Tensor, dim: int, reduced: bool) -> torch.Tensor:
-    compute = torch.bfloat16 if reduced else torch.float32
-    a, b = torch.chunk(x.to(compute), 2, dim=dim)
-    return (torch.nn.functional.silu(a) * b).to(x.dtype)
+def _compute_dtype(x: torch.Tensor, reduced: bool) -> torch.dtype:
+    # the clean kernels accumulate in float32 (as Ascend's do for half inputs); the seeded defect
+    # computes in bfloat16 whatever the input
+    return torch.bfloat16 if reduced else torch.promote_types(x.dtype, torch.float32)
+
+
+def _cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return _aten._to_copy.default(x, dtype=dtype)
+
+
+def _rms_norm(x: torch.Tensor, gamma: torch.Tensor, epsilon: float = 1e-6, reduced: bool = False) -> Any:
+    dims = list(range(x.dim() - gamma.dim(), x.dim()))
+    compute = _compute_dtype(x, reduced)
+    xc = _cast(x, compute)
+    mean_sq = _aten.mean.dim(_aten.mul.Tensor(xc, xc), dims, True)
+    rstd = _aten.rsqrt.default(_aten.add.Scalar(mean_sq, epsilon))
+    y = _aten.mul.Tensor(_aten.mul.Tensor(xc, rstd), _cast(gamma, compute))
+    return _cast(y, x.dtype), _cast(rstd, torch.float32)
+
+
+def _swiglu(x: torch.Tensor, dim: int = -1, reduced: bool = False) -> torch.Tensor:
+    a, b = _aten.chunk.default(_cast(x, _compute_dtype(x, reduced)), 2, dim)
+    return _cast(_aten.mul.Tensor(_aten.silu.default(a), b), x.dtype)
+
+
+def _rotary_mul(x: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor, reduced: bool = False) -> torch.Tensor:
+    """torch_npu's rotary_mode "half": x * r1 + rotate_half(x) * r2."""
+    compute = _compute_dtype(x, reduced)
+    xc = _cast(x, compute)
+    x1, x2 = _aten.chunk.default(xc, 2, -1)
+    rotated = _aten.cat.default([_aten.neg.default(x2), x1], -1)
+    out = _aten.add.Tensor(_aten.mul.Tensor(xc, _cast(r1, compute)), _aten.mul.Tensor(rotated, _cast(r2, compute)))
+    return _cast(out, x.dtype)
+
+
+_MATH: Dict[str, Callable[..., Any]] = {"npu_rms_norm": _rms_norm, "npu_swiglu": _swiglu,
+                                        "npu_rotary_mul": _rotary_mul}
+_TENSOR_ARGS = {"npu_rms_norm": 2, "npu_swiglu": 1, "npu_rotary_mul": 3}
+
+# "npu::<name>" -> implementation (with this block's defects) while a simulation is active
+_fused_impls: Dict[str, Callable[..., Any]] = {}
 
 
 def _make_op_impls(defects: Mapping[str, str]) -> Dict[str, Callable[..., Any]]:
-    def rms_norm(x: torch.Tensor, gamma: torch.Tensor, epsilon: float = 1e-6) -> Any:
-        return _rms_norm_cpu(x, gamma, epsilon, defects.get("npu_rms_norm") == "reduced_precision")
+    def bind(name: str) -> Callable[..., Any]:
+        reduced = defects.get(name) == "reduced_precision"
 
-    def swiglu(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-        return _swiglu_cpu(x, dim, defects.get("npu_swiglu") == "reduced_precision")
+        def impl(*args: Any, **kwargs: Any) -> Any:
+            return _MATH[name](*args, reduced=reduced, **kwargs)
 
-    return {"npu_rms_norm": rms_norm, "npu_swiglu": swiglu}
+        return impl
+
+    return {name: bind(name) for name in _MATH}
+
+
+def _register_autograd(lib: Any, name: str, defect: str | None) -> None:
+    """Backward of a fused op: the clean math's own gradient, recomputed on the device tensors;
+    negated with the seeded "wrong_backward" defect (a backward kernel with a sign error)."""
+    count = _TENSOR_ARGS[name]
+    sign = -1.0 if defect == "wrong_backward" else 1.0
+
+    def setup_context(ctx: Any, inputs: Tuple[Any, ...], output: Any) -> None:
+        ctx.save_for_backward(*inputs[:count])
+        ctx.extra = inputs[count:]
+
+    def backward(ctx: Any, *grads: Any) -> Any:
+        saved = ctx.saved_tensors
+        with torch.enable_grad():
+            xs = [t.detach().requires_grad_(t.is_floating_point()) for t in saved]
+            outs = _MATH[name](*xs, *ctx.extra)
+            outs = outs if isinstance(outs, tuple) else (outs,)
+            used = [(o, g) for o, g in zip(outs, grads) if g is not None and o.requires_grad]
+            wanted = [x for x in xs if x.requires_grad]
+            found = torch.autograd.grad([o for o, _ in used], wanted, [g for _, g in used], allow_unused=True)
+        by_input = iter(found)
+        grads_in = tuple(next(by_input) if x.requires_grad else None for x in xs)
+        if sign != 1.0:
+            grads_in = tuple(None if g is None else _aten.mul.Scalar(g, sign) for g in grads_in)
+        return grads_in + (None,) * len(ctx.extra)
+
+    torch.library.register_autograd(f"npu::{name}", backward, setup_context=setup_context, lib=lib)
 
 
 def _make_torch_npu_module(device_module: _NPUModule) -> types.ModuleType:
@@ -294,8 +413,12 @@ def _make_torch_npu_module(device_module: _NPUModule) -> types.ModuleType:
     def npu_swiglu(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
         return torch.ops.npu.npu_swiglu(x, dim)
 
-    mod.npu_rms_norm = npu_rms_norm  # type: ignore[attr-defined]
-    mod.npu_swiglu = npu_swiglu  # type: ignore[attr-defined]
+    def npu_rotary_mul(x: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor) -> torch.Tensor:
+        return torch.ops.npu.npu_rotary_mul(x, r1, r2)
+
+    for fn in (npu_rms_norm, npu_swiglu, npu_rotary_mul):
+        fn.__module__ = "torch_npu"
+        setattr(mod, fn.__name__, fn)
     return mod
 
 
@@ -336,10 +459,15 @@ def _setup_process_once() -> None:
         return
     from torch.utils.backend_registration import _DummyDeviceGuard, _DummyPrivateUse1Hook
 
+    global _device_module
     torch.utils.rename_privateuse1_backend(DEVICE_TYPE)
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=False)
     torch._C._acc.register_python_privateuseone_hook(_DummyPrivateUse1Hook())
     torch._C._acc.register_python_privateuseone_device_guard(_DummyDeviceGuard())
+    # torch.npu stays registered (PyTorch's accelerator API looks it up once PrivateUse1 has hooks,
+    # and caches it): outside a simulated_npu() block it reports no device
+    _device_module = _NPUModule()
+    torch._register_device_module(DEVICE_TYPE, _device_module)
     _process_setup_done = True
 
 
@@ -388,6 +516,11 @@ class SimulatedNPU:
         self.host_transfers = 0
 
 
+def active() -> SimulatedNPU | None:
+    """The simulation active in this process, if any."""
+    return _active
+
+
 def _validate_defects(defects: Mapping[str, str] | None) -> Dict[str, str]:
     result = dict(defects or {})
     for op, kind in result.items():
@@ -420,7 +553,7 @@ def simulated_npu(defects: Mapping[str, str] | None = None) -> Iterator[Simulate
         if _active is not None:
             raise SimulatedNPUError("simulated_npu() is already active; nesting is not supported")
         _refuse_if_real_backend()
-        if hasattr(torch, DEVICE_TYPE) or "torch.npu" in sys.modules:
+        if getattr(torch, DEVICE_TYPE, _device_module) is not _device_module:
             raise SimulatedNPUError(
                 "torch.npu is already registered by something else; refusing to replace it"
             )
@@ -430,9 +563,10 @@ def simulated_npu(defects: Mapping[str, str] | None = None) -> Iterator[Simulate
 
     undo: list = []
     try:
-        device_module = _NPUModule()
-        torch._register_device_module(DEVICE_TYPE, device_module)
-        undo.append(lambda: (delattr(torch, DEVICE_TYPE), sys.modules.pop("torch.npu", None)))
+        device_module = _device_module
+        assert device_module is not None
+        device_module._enabled = True
+        undo.append(lambda: setattr(device_module, "_enabled", False))
 
         aten_lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901
         undo.append(aten_lib._destroy)
@@ -443,9 +577,13 @@ def simulated_npu(defects: Mapping[str, str] | None = None) -> Iterator[Simulate
 
         npu_lib = torch.library.Library("npu", "DEF")  # noqa: TOR901
         undo.append(npu_lib._destroy)
+        # no CPU kernel, as with the real torch_npu: the ops run only on device tensors, whose
+        # __torch_dispatch__ calls these implementations
         for name, impl in _make_op_impls(checked).items():
             npu_lib.define(_OP_SCHEMAS[name])
-            npu_lib.impl(name, impl, "CPU")
+            _register_autograd(npu_lib, name, checked.get(name))
+            _fused_impls[f"npu::{name}"] = impl
+        undo.append(_fused_impls.clear)
 
         sys.modules["torch_npu"] = _make_torch_npu_module(device_module)
         undo.append(lambda: sys.modules.pop("torch_npu", None))

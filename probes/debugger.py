@@ -96,7 +96,12 @@ class PrecisionDebuggerBase:
     @property
     def rows(self) -> list[Any]:
         """The inconsistent outputs found so far (records of free_benchmark.csv rows)."""
-        return list(self._tool.probe.rows) if self._tool is not None else []
+        if self._tool is None:
+            return []
+        settle = getattr(self._tool.probe, "settle", None)
+        if settle is not None:  # free_benchmark: the checks still pending on the device first
+            settle()
+        return list(self._tool.probe.rows)
 
     def summary(self) -> dict[str, Any]:
         if self._tool is not None:

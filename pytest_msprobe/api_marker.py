@@ -142,9 +142,9 @@ def run_case(case: ApiCase, options: Any, nodeid: str, dump_path: Any) -> None:
         if probe is not None:
             probe.last_score = 0.0
         resolve_api(case.api)(*args, **kwargs)  # looked up now: the probe's wrapper
+        rows = debugger.rows[before:]  # settles the call's check (and sets last_score)
         if probe is not None:  # targeted search: Hypothesis climbs towards the API's worst inputs
             target(float(probe.last_score), label="error / threshold")
-        rows = debugger.rows[before:]
         if rows:
             row = rows[0]
             both = rule_figures(row.detail)

@@ -248,8 +248,8 @@ def test_grad_probe_on_device_parameters_finds_a_wrong_fused_backward(tmp_path):
     transfers = _grad_run(tmp_path / "a", {})
     _grad_run(tmp_path / "b", {})
     _grad_run(tmp_path / "bug", {"npu_rms_norm": "wrong_backward"})
-    # statistics and signs of every parameter cross in one transfer each per step
-    assert transfers and max(transfers) <= 2, transfers
+    # statistics and signs of every parameter cross in one transfer per step
+    assert transfers and max(transfers) <= 1, transfers
     rows = list(csv.reader(open(tmp_path / "a" / "rank0" / "grad_summary_0.csv")))
     assert len(rows) == 1 + 5  # a row per parameter
     clean = GradComparator.compare_distributed(tmp_path / "a", tmp_path / "b", tmp_path / "cmp_clean")

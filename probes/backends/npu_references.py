@@ -47,7 +47,53 @@ def npu_rotary_mul(x: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor, rotary_m
     return x * r1 + rotated * r2
 
 
+def npu_fusion_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, head_num: int,
+                         input_layout: str, pse: Any = None, padding_mask: Any = None, atten_mask: Any = None,
+                         scale: float = 1.0, keep_prob: float = 1.0, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+    """softmax(q k^T * scale, masked where atten_mask is True) v, per head, in the given layout
+    (BSH, SBH, BSND, BNSD); with softmax_max / softmax_sum broadcast to (B, N, S, 8) as torch_npu
+    returns them. Dropout (keep_prob < 1), pse, sparse modes and variable lengths have no
+    reference here: the call is then skipped with that reason."""
+    extra = {k: v for k, v in kwargs.items() if k in ("sparse_mode", "prefix", "actual_seq_qlen", "actual_seq_kvlen")
+             and v not in (None, 0)}
+    if keep_prob != 1.0 or pse is not None or padding_mask is not None or extra:
+        raise NotImplementedError("npu_fusion_attention reference: only dense, dropout-free attention without "
+                                  "pse is implemented")
+
+    def bnsd(t: torch.Tensor) -> torch.Tensor:
+        if input_layout == "BSH":
+            return t.unflatten(-1, (head_num, -1)).permute(0, 2, 1, 3)
+        if input_layout == "SBH":
+            return t.unflatten(-1, (head_num, -1)).permute(1, 2, 0, 3)
+        if input_layout == "BSND":
+            return t.permute(0, 2, 1, 3)
+        if input_layout == "BNSD":
+            return t
+        raise ValueError(f"npu_fusion_attention reference: input_layout={input_layout!r}; allowed: BSH, SBH, BSND, BNSD")
+
+    compute = torch.promote_types(query.dtype, torch.float32)
+    q, k, v = (bnsd(t).to(compute) for t in (query, key, value))
+    scores = (q @ k.transpose(-2, -1)) * scale
+    if atten_mask is not None:
+        scores = scores.masked_fill(atten_mask.to(torch.bool), float("-inf"))
+    top = scores.amax(-1, keepdim=True)
+    p = (scores - top).exp()
+    total = p.sum(-1, keepdim=True)
+    out = (p / total) @ v
+    b, n, s, d = out.shape
+    if input_layout == "BSH":
+        out = out.permute(0, 2, 1, 3).reshape(b, s, n * d)
+    elif input_layout == "SBH":
+        out = out.permute(2, 0, 1, 3).reshape(s, b, n * d)
+    elif input_layout == "BSND":
+        out = out.permute(0, 2, 1, 3)
+    stats = (b, n, s, 8)
+    return (out.to(query.dtype), top.expand(stats).to(torch.float32), total.expand(stats).to(torch.float32),
+            out.new_zeros(0), 0, 0, 0)
+
+
 _REFERENCES: dict[str, Callable[..., Any]] = {
+    "npu_fusion_attention": npu_fusion_attention,
     "npu_rms_norm": npu_rms_norm,
     "npu_swiglu": npu_swiglu,
     "npu_rotary_mul": npu_rotary_mul,

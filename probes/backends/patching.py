@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +36,9 @@ class ApiMeta:
     # pointwise tag): improve_precision / to_cpu judge such an API element by element
     pointwise: bool = False
     wrapper: Callable[..., Any] | None = field(default=None, repr=False)
+    # installed only to keep nested calls out (outermost-only) while the running probe never
+    # selects this API: its wrapper calls the original straight away
+    passthrough: bool = False
 
     @property
     def key(self) -> str:
@@ -85,6 +89,8 @@ def _make_wrapper(meta: ApiMeta) -> Callable[..., Any]:
             return original(*args, **kwargs)
         tls.depth = 1
         try:
+            if meta.passthrough:
+                return original(*args, **kwargs)
             return handler(meta, original, args, kwargs)
         finally:
             tls.depth = 0
@@ -96,6 +102,15 @@ def _make_wrapper(meta: ApiMeta) -> Callable[..., Any]:
     wrapper.__wrapped__ = original  # type: ignore[attr-defined]
     wrapper.__msprobe_meta__ = meta  # type: ignore[attr-defined]
     return wrapper
+
+
+_C_CALLABLES = (types.BuiltinFunctionType, types.BuiltinMethodType, types.MethodDescriptorType,
+                types.WrapperDescriptorType, types.MethodWrapperType, types.ClassMethodDescriptorType)
+
+
+def _calls_python(fn: Any) -> bool:
+    """Whether `fn` may run Python code that calls other hooked APIs (anything but a C function)."""
+    return not isinstance(fn, _C_CALLABLES)
 
 
 class suspended:
@@ -112,7 +127,17 @@ class suspended:
 class ApiPatcher:
     """Installs wrappers for a set of APIs and restores the originals, even after errors."""
 
-    def __init__(self, metas: tuple[ApiMeta, ...]) -> None:
+    def __init__(self, metas: tuple[ApiMeta, ...], selects: Callable[[str], bool | None] | None = None) -> None:
+        """`selects(key)`: False for an API the probe never checks (a `list`/`scope` run). Such an
+        API is not wrapped at all when it is a C function, which cannot call another hooked API;
+        a Python-level one gets a pass-through wrapper, so calls nested in it stay unchecked
+        (outermost only) as when every API is wrapped. Install and restore then touch the
+        selected APIs and the ~170 Python-level ones instead of ~1,500."""
+        self._never: frozenset[int] = frozenset()
+        if selects is not None:
+            never = {id(m) for m in metas if selects(m.key) is False}
+            metas = tuple(m for m in metas if id(m) not in never or _calls_python(m.original))
+            self._never = frozenset(never)
         self.metas = metas
         self.installed = False
 
@@ -129,6 +154,7 @@ class ApiPatcher:
             for meta in self.metas:
                 if meta.wrapper is None:
                     meta.wrapper = _make_wrapper(meta)
+                meta.passthrough = id(meta) in self._never  # the catalog's metas are shared by probes
                 setattr(meta.owner, meta.attr, meta.wrapper)
                 done.append(meta)
         except BaseException:

@@ -29,7 +29,8 @@ from probes.backends.patching import suspended
 from probes.core import thresholds as th
 from probes.core.errors import ProbeError
 from probes.core.trees import iter_leaves, replace_at, tree_map
-from probes.free_benchmark.compare import StructureMismatch, compare_outputs
+from probes.free_benchmark.compare import StructureMismatch, comparison
+from probes.free_benchmark.deferred import held_bytes
 from probes.free_benchmark.perturbations import Cancelled
 
 NOT_RECORDED = "its backward is not recorded (gradient recording is off, e.g. no_grad or inference)"
@@ -192,14 +193,17 @@ class BackwardCheck:
             return
         original = {i: g for i, g, _h in pairs}
         perturbed = {i: h for i, _g, h in pairs}
+        key, name, stats, step = call.key, call.name, call.stats, call.step
         try:
-            verdicts = compare_outputs(b, original, perturbed, pert_mode=probe.fb.pert_mode,
-                                       tolerance=th.BACKWARD_TOLERANCE, rule=probe.fb.rule, input_move=move,
-                                       stage="backward")
+            # settled with the step's other checks (deferred.py); the gradients are private to
+            # the check, so a later pass reads them as they were
+            probe.verdicts.add(comparison(b, original, perturbed, pert_mode=probe.fb.pert_mode,
+                                          tolerance=th.BACKWARD_TOLERANCE, rule=probe.fb.rule, input_move=move,
+                                          stage="backward"),
+                               lambda verdicts: probe._record(key, name, stats, verdicts, step),
+                               lambda exc: probe._settle_failed(key, name, exc), held_bytes(b, original, perturbed))
         except StructureMismatch as exc:
             probe._skip(call.key, f"perturbed gradients have another structure ({exc})")
-            return
-        probe._record(call.key, call.name, call.stats, verdicts, call.step)
 
     def _vjp(self, call: _Call, args: tuple, kwargs: dict, cotangents: list[Any],
              original: Callable[..., Any] | None = None) -> list[Any]:

@@ -4,11 +4,21 @@ Every leaf of the output structure counts (tuples, lists, dicts, named tuples; B
 tensors by the ratio rule (or the single-benchmark rule for to_cpu), integer and bool tensors
 exactly (B16), Python numbers by the tensor rule on their values (B37). The figures of all leaves
 are gathered on the device and copied to the host in one transfer.
+
+A comparison is a generator (`comparison`): it computes its device figures, yields them, and
+receives them back as host floats; a later pass (a leaf whose bound does not settle it, one that
+holds inf/NaN, the reference figure of a flagged leaf) yields again; its return value is the
+verdicts. `compare_outputs` drives one at once (a transfer per pass); the free_benchmark service
+keeps many pending and drives them together at step()/stop() (probes/free_benchmark/deferred.py),
+so a step costs a transfer or two whatever the number of checked calls. A later pass reads the
+output leaves again: `version` (the tensors' in-place version counter, when given) lets it refuse
+with OutputModified when the user's code changed an output in place meanwhile.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +28,52 @@ from probes.core import thresholds as th
 
 class StructureMismatch(Exception):
     """The perturbed call returned a differently shaped structure."""
+
+
+class OutputModified(Exception):
+    """An output leaf a later pass must read again was modified in place after the call."""
+
+
+#: yields device figures (a list of arrays), receives their host floats, returns the verdicts
+Comparison = Generator[list[Any], list[list[float]], list["LeafVerdict"]]
+
+
+def drive(backend: Any, comparison: Comparison) -> list[LeafVerdict]:
+    """Run a comparison to its verdicts now: one host transfer per pass."""
+    try:
+        request = next(comparison)
+        while True:
+            request = comparison.send(backend.host_floats(request))
+    except StopIteration as done:
+        return done.value
+
+
+class _Intact:
+    """Whether the output leaves are as they were when the comparison started (version counters)."""
+
+    def __init__(self, version: Callable[[Any], int | None] | None, pairs: list) -> None:
+        self.version = version
+        self.seen = {id(a): version(a) for _p, a, _b in pairs if version is not None and _is_tensor_like(a)}
+
+    def check(self, *leaves: Any) -> None:
+        if self.version is None:
+            return
+        for a in leaves:
+            before = self.seen.get(id(a))
+            if before is not None and self.version(a) != before:
+                raise OutputModified("an output was modified in place before its deferred measure could read it "
+                                     "again; its check is skipped")
+
+    def ok(self, *leaves: Any) -> bool:
+        try:
+            self.check(*leaves)
+        except OutputModified:
+            return False
+        return True
+
+
+def _is_tensor_like(x: Any) -> bool:
+    return hasattr(x, "shape") and hasattr(x, "dtype")
 
 
 @dataclass
@@ -60,7 +116,18 @@ def compare_outputs(
     backend: Any, original: Any, perturbed: Any, *, pert_mode: str, tolerance: float | None = None,
     rule: str = "reference", input_move: Any = None, stage: str = "forward", pointwise: bool = False,
 ) -> list[LeafVerdict]:
-    """Verdicts for every comparable leaf. `tolerance` overrides the forward clamp floor
+    """Verdicts for every comparable leaf, now (see `comparison`)."""
+    return drive(backend, comparison(backend, original, perturbed, pert_mode=pert_mode, tolerance=tolerance,
+                                     rule=rule, input_move=input_move, stage=stage, pointwise=pointwise))
+
+
+def comparison(
+    backend: Any, original: Any, perturbed: Any, *, pert_mode: str, tolerance: float | None = None,
+    rule: str = "reference", input_move: Any = None, stage: str = "forward", pointwise: bool = False,
+    version: Callable[[Any], int | None] | None = None,
+) -> Comparison:
+    """The comparison of every comparable leaf, as a generator (module docstring). The leaves
+    are paired at once, so a StructureMismatch is raised by the first next(). `tolerance` overrides the forward clamp floor
     (the backward stage uses 1e-3 for every dtype). `rule`: "reference" (msprobe's ratio rule,
     or the single-benchmark rule for to_cpu) or "scaled" (probes/core/scaled.py); `input_move`:
     the perturbed input's move at its scale (scaled rule, add_noise / bit_noise): a number the
@@ -69,11 +136,19 @@ def compare_outputs(
     and to_cpu, which re-run it on the same input values, the scaled rule judges every element at
     its own magnitude (there is no cancellation across elements to forgive)."""
     pairs = list(_pair_leaves(backend, original, perturbed))
+    return _comparison(backend, pairs, pert_mode, tolerance, rule, input_move, stage, pointwise,
+                       _Intact(version, pairs))
+
+
+def _comparison(backend: Any, pairs: list, pert_mode: str, tolerance: float | None, rule: str, input_move: Any,
+                stage: str, pointwise: bool, intact: _Intact) -> Comparison:
     if rule == "scaled":
         elementwise = pointwise and stage == "forward" and pert_mode in ("improve_precision", "to_cpu")
-        return _in_output_order(pairs, _scaled(backend, pairs, pert_mode, tolerance, input_move, stage, elementwise))
+        verdicts = yield from _scaled(backend, pairs, pert_mode, tolerance, input_move, stage, elementwise, intact)
+        return _in_output_order(pairs, verdicts)
     if pert_mode == "to_cpu":
-        return _in_output_order(pairs, _single_benchmark(backend, pairs))
+        verdicts = yield from _single_benchmark(backend, pairs, intact)
+        return _in_output_order(pairs, verdicts)
     device_figures: list[Any] = []
     plans: list[tuple[str, tuple, Any, Any, float]] = []
     verdicts: list[LeafVerdict] = []
@@ -89,15 +164,16 @@ def compare_outputs(
             verdicts.append(_scalar_verdict(path, a, float(b), pert_mode, tolerance))
         else:
             verdicts.append(_exact_verdict(path, a, 1.0, type(a).__name__, "", pert_mode))
-    host = backend.host_floats(device_figures)
+    host = yield device_figures
     again = [i for i, (plan, h) in enumerate(zip(plans, host)) if plan[0] == "ratio" and metrics.needs_nonfinite_pass(h)]
     if again:
         redo = []
         for i in again:  # rare: some element is non-finite
             _kind, _path, a, b, tol = plans[i]
+            intact.check(a)
             ca, cb = backend.to_compute(a, b), backend.to_compute(b, b)
             redo.append(metrics.nonfinite_ratio_reductions(backend.namespace(cb), ca, cb, tol))
-        for i, h in zip(again, backend.host_floats(redo)):
+        for i, h in zip(again, (yield redo)):
             host[i] = h
     for (kind, path, a, _extra, tol), h in zip(plans, host):
         if kind == "exact":
@@ -174,7 +250,7 @@ def _python_leaf_single(path, a: Any, b: Any) -> list[LeafVerdict]:
 SINGLE_BENCHMARK_CHUNK = 1 << 16
 
 
-def _single_benchmark(backend: Any, pairs: list) -> list[LeafVerdict]:
+def _single_benchmark(backend: Any, pairs: list, intact: _Intact) -> Comparison:
     """to_cpu: each float leaf in float64 on the CPU, chunk by chunk (bounded memory)."""
     figures, plans, verdicts = [], [], []
     for path, a, b in pairs:
@@ -194,7 +270,7 @@ def _single_benchmark(backend: Any, pairs: list) -> list[LeafVerdict]:
         else:
             figures.append(backend.any_differ(a, b))
             plans.append(("exact", path, a, b, None, 1))
-    host = backend.host_floats(figures)
+    host = yield figures
     pos = 0
     for kind, path, a, b, limits, n in plans:
         h, pos = host[pos : pos + n], pos + n
@@ -203,9 +279,10 @@ def _single_benchmark(backend: Any, pairs: list) -> list[LeafVerdict]:
             continue
         figs = metrics.combine_single_chunks(h, backend.numel(a))
         if metrics.needs_nonfinite_single(figs):  # rare: recompute with the mask-aware formula
+            intact.check(a)
             act, gold = backend.to_float64_cpu(a), backend.to_float64_cpu(b)
-            figs = backend.host_floats([metrics.single_benchmark_reductions(backend.namespace(act), act, gold,
-                                                                            limits.small_value)])[0]
+            figs = (yield [metrics.single_benchmark_reductions(backend.namespace(act), act, gold,
+                                                               limits.small_value)])[0]
         verdicts.append(_single_verdict(backend, path, a, figs, limits))
     return verdicts
 
@@ -228,11 +305,12 @@ _BOUNDED_DTYPES = ("float32", "float64")
 
 
 def _scaled(backend: Any, pairs: list, pert_mode: str, tolerance: float | None, input_move: Any,
-            stage: str, elementwise: bool) -> list[LeafVerdict]:
+            stage: str, elementwise: bool, intact: _Intact) -> Comparison:
     """The scaled rule for every leaf. One host transfer for every leaf's first figures (and
-    the input's move, when it is measured); a second only for the leaves whose bound does not
-    settle them, a third only for a leaf holding inf/NaN (the fast pass assumes finite values),
-    and a last one for a flagged leaf, to report msprobe's figure next to the scaled one."""
+    the input's move, when it is measured); a second for the leaves these did not settle (a
+    bound above the threshold: the exact measure; inf/NaN: the masked one) and for msprobe's
+    figure of the flagged ones; a third only when inf/NaN shows in an exact measure whose bound
+    was finite (rare)."""
     figures: list[Any] = []
     plans: list[tuple[str, tuple, Any, Any]] = []
     verdicts: list[LeafVerdict] = []
@@ -255,7 +333,7 @@ def _scaled(backend: Any, pairs: list, pert_mode: str, tolerance: float | None, 
     measured_move = input_move is not None and not isinstance(input_move, (int, float))
     if measured_move:
         figures.append(input_move)
-    host = backend.host_floats(figures)
+    host = yield figures
     move = 0.0
     if measured_move:
         move = scaled.finish(host.pop())[0]
@@ -263,39 +341,57 @@ def _scaled(backend: Any, pairs: list, pert_mode: str, tolerance: float | None, 
     elif input_move is not None:
         move = float(input_move)
     bounded: set[int] = set()
-    measure = []
+    limits = {}
+    measure: list[tuple[int, bool]] = []  # (leaf, fast pass?) to measure exactly
     for i, ((kind, _path, a, _b), h) in enumerate(zip(plans, host)):
+        if kind == "exact":
+            continue
+        name = backend.dtype_name(a)
+        limits[i] = th.scaled_threshold(name, pert_mode, move, stage)
         if kind == "bound":
-            name = backend.dtype_name(a)
             bound = scaled.finish_bound(h, th.machine_eps(name))
-            if bound <= th.scaled_threshold(name, pert_mode, move, stage):
+            if bound <= limits[i]:
                 host[i] = [bound, 0.0, 0.0]
                 bounded.add(i)
-            else:
-                measure.append((i, True))
-        elif kind == "scaled" and not math.isfinite(h[0]):
+            else:  # a non-finite bound means inf/NaN in the leaf: straight to the masked measure
+                measure.append((i, math.isfinite(bound)))
+        elif not math.isfinite(h[0]):
             measure.append((i, False))
-    for finite in (True, False):  # the full measure, then (rare: inf or NaN) the masked one
-        batch = [i for i, f in measure if f == finite]
-        if not batch:
-            continue
-        again = []
-        for i in batch:
+    # msprobe's figure, shown next to the scaled one for a flagged leaf, is measured in the next
+    # pass for the leaves the first one flagged and for every leaf measured again (a few): a step
+    # then costs two transfers, whatever turns out flagged
+    remeasured = {i for i, _f in measure}
+    want_reference = [i for i, (kind, *_rest) in enumerate(plans)
+                      if kind == "scaled" and i not in remeasured and host[i][0] > limits[i]] + sorted(remeasured)
+    reference: dict[int, list[float]] = {}
+    while measure or want_reference:
+        request, owners = [], []
+        for i, fast in measure:
             _kind, _path, a, b = plans[i]
-            again.append(backend.scaled_figures(a, b, th.machine_eps(backend.dtype_name(a)), elementwise,
-                                                finite=finite))
-        for i, h in zip(batch, backend.host_floats(again)):
+            intact.check(a)
+            request.append(backend.scaled_figures(a, b, th.machine_eps(backend.dtype_name(a)), elementwise,
+                                                  finite=fast))
+            owners.append((i, fast))
+        for i in want_reference:
+            _kind, _path, a, b = plans[i]
+            if intact.ok(a):  # informative only: left out for an output changed meanwhile
+                request.append(backend.ratio_reductions(a, b, _tolerance(backend, b, tolerance)))
+                owners.append((i, None))
+        measure, want_reference = [], []
+        for (i, fast), h in zip(owners, (yield request)):
+            if fast is None:
+                reference[i] = h
+                continue
             host[i] = h
-            if finite and not math.isfinite(h[0]):
+            if fast and not math.isfinite(h[0]):  # rare: inf/NaN the bound did not show
                 measure.append((i, False))
-    flagged = []
     for i, ((kind, path, a, b), h) in enumerate(zip(plans, host)):
         if kind == "exact":
             verdicts.append(_exact_verdict(path, a, h[0], backend.dtype_repr(a), backend.shape_repr(a), pert_mode))
             continue
         name = backend.dtype_name(a)
         err, nan_mm, inf_mm = scaled.finish(h)
-        limit = th.scaled_threshold(name, pert_mode, move, stage)
+        limit = limits[i]
         ok = not (nan_mm or inf_mm) and err <= limit
         max_rel: float | str = "nan_mismatch" if nan_mm else "inf_mismatch" if inf_mm else err
         detail = {"rule": "scaled", "scaled_error": err, "ulps": err / th.machine_eps(name),
@@ -308,30 +404,28 @@ def _scaled(backend: Any, pairs: list, pert_mode: str, tolerance: float | None, 
         v = LeafVerdict(path, a, ok, max_rel, round(limit, 12), math.inf if (nan_mm or inf_mm) else 1.0 + err,
                         backend.dtype_repr(a), backend.shape_repr(a), detail)
         verdicts.append(v)
-        if not ok:
-            flagged.append((v, a, b))
-    if flagged:
-        _add_reference_figures(backend, flagged, pert_mode, tolerance)
+        if not ok and i in reference:
+            _reference_detail(backend, v, b, reference[i], pert_mode, tolerance)
     return verdicts
 
 
-def _add_reference_figures(backend: Any, flagged: list, pert_mode: str, tolerance: float | None) -> None:
-    """msprobe's figure for each flagged leaf (its ratio rule's max_rel, or the single-benchmark
-    relative error for to_cpu), so a report can show both rules' view of the same call."""
-    figs = []
-    for _v, a, b in flagged:
-        tol = tolerance if tolerance is not None else th.forward_tolerance(backend.dtype_name(b))
-        figs.append(backend.ratio_reductions(a, b, tol))
-    for (v, _a, b), h in zip(flagged, backend.host_floats(figs)):
-        tol = tolerance if tolerance is not None else th.forward_tolerance(backend.dtype_name(b))
-        if metrics.needs_nonfinite_pass(h):
-            v.detail["reference_max_rel"] = "non-finite"
-            continue
-        rv = metrics.finish_ratio(h, tol)
-        ref_t = th.ratio_threshold(backend.dtype_name(v.leaf), pert_mode)
-        v.detail["reference_max_rel"] = rv.max_rel
-        v.detail["reference_threshold"] = round(ref_t - 1.0, 12)
-        v.detail["reference_consistent"] = rv.consistent(ref_t)
+def _tolerance(backend: Any, b: Any, tolerance: float | None) -> float:
+    return tolerance if tolerance is not None else th.forward_tolerance(backend.dtype_name(b))
+
+
+def _reference_detail(backend: Any, v: LeafVerdict, b: Any, h: list[float], pert_mode: str,
+                      tolerance: float | None) -> None:
+    """msprobe's figure for a flagged leaf (its ratio rule's max_rel), so a report can show both
+    rules' view of the same call."""
+    if metrics.needs_nonfinite_pass(h):
+        v.detail["reference_max_rel"] = "non-finite"
+        return
+    tol = _tolerance(backend, b, tolerance)
+    rv = metrics.finish_ratio(h, tol)
+    ref_t = th.ratio_threshold(backend.dtype_name(v.leaf), pert_mode)
+    v.detail["reference_max_rel"] = rv.max_rel
+    v.detail["reference_threshold"] = round(ref_t - 1.0, 12)
+    v.detail["reference_consistent"] = rv.consistent(ref_t)
 
 
 def _scalar_scaled(path, a: float, b: float, pert_mode: str) -> LeafVerdict:

@@ -56,6 +56,7 @@ class FreeBenchmarkRun:
         """Restore everything and write what is pending (used at exit)."""
         self.patcher.uninstall()
         self.probe.running = False
+        self.probe._dirty = True  # steps_seen, which steps alone do not write
         try:
             self.probe.flush()
         except OSError:

@@ -98,7 +98,8 @@ class MindSporeFreeBenchmark(FreeBenchmarkRun):
         self.catalog = build_catalog()
         self.probe = _MindSporeProbe(config, BACKEND, call_exclusion, "mindspore")
         self._select()
-        self.patcher = ApiPatcher(tuple(m for m in self.catalog if m.exclusion != exclusions.ACCESSOR))
+        self.patcher = ApiPatcher(tuple(m for m in self.catalog if m.exclusion != exclusions.ACCESSOR),
+                                  self.probe.selection.static)
         self._register()
 
     def _select(self) -> None:

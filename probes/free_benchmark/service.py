@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from probes.backends.patching import suspended
 from probes.core import thresholds as th
 from probes.core.config import ProbeConfig
 from probes.core.errors import ProbeError
@@ -30,7 +31,14 @@ from probes.core.records import FREE_BENCHMARK_COLUMNS, FreeBenchmarkRow
 from probes.core.trees import format_path, iter_leaves, tree_map
 from probes.core.writers import CsvAppender, write_json_atomic
 from probes.free_benchmark.backward import BackwardCheck
-from probes.free_benchmark.compare import StructureMismatch, compare_outputs
+from probes.free_benchmark.compare import (
+    OutputModified,
+    StructureMismatch,
+    compare_outputs,
+    comparison,
+    drive,
+)
+from probes.free_benchmark.deferred import VerdictQueue, held_bytes
 from probes.free_benchmark.perturbations import Cancelled, Perturbation, make_perturbation
 from probes.free_benchmark.preheat import CENSUS, Preheat
 
@@ -161,6 +169,10 @@ class FreeBenchmarkProbe:
         self._logged: set[tuple[str, str]] = set()
         self.started_at = time.time()
         self.last_score = 0.0  # of the latest finished check (see _score)
+        # checked calls' comparisons, settled together at step()/stop() (deferred.py); preheat
+        # judges each call at once (its thresholds move with every sample)
+        self.verdicts = VerdictQueue(backend)
+        self._summary_written = False
 
     def enable_preheat(self) -> None:
         """Learn the thresholds against the CPU (`if_preheat`; the frameworks that support it
@@ -195,9 +207,10 @@ class FreeBenchmarkProbe:
         )
 
     def next_step(self) -> None:
-        self.flush()
+        self.flush()  # settles the step's pending checks first: their rows belong to it
         self.current_step += 1
-        self._dirty = True  # steps_seen
+        # steps_seen alone does not rewrite summary.json: it is brought up to date with the next
+        # change, and at close (a step that checked nothing costs no file write)
         self.counters.clear()
         if self.backward is not None:
             self.backward.end_step()
@@ -277,9 +290,17 @@ class FreeBenchmarkProbe:
             stats.fixed += 1
             self._dirty = True
             return
+        deferred = self.preheat is None
         try:
-            verdicts = compare_outputs(b, out, pert_out, pert_mode=self.fb.pert_mode, rule=self.fb.rule,
-                                       input_move=move, pointwise=getattr(meta, "pointwise", False))
+            check = comparison(b, out, pert_out, pert_mode=self.fb.pert_mode, rule=self.fb.rule, input_move=move,
+                               pointwise=getattr(meta, "pointwise", False),
+                               version=b.autodiff.version if deferred else None)
+            if deferred:
+                step, key = self.current_step, meta.key
+                self.verdicts.add(check, lambda verdicts: self._record(key, name, stats, verdicts, step),
+                                  lambda exc: self._settle_failed(key, name, exc), held_bytes(b, out, pert_out))
+                return
+            verdicts = drive(b, check)
         except StructureMismatch as exc:
             self._skip(meta.key, f"perturbed output has another structure ({exc})")
             return
@@ -419,6 +440,23 @@ class FreeBenchmarkProbe:
         """True when `exc` means the framework cannot run this check (recorded as a skip)."""
         return False
 
+    def settle(self) -> None:
+        """Finish the pending checks (their rows and counts): one host transfer for all of them.
+        Hooks pass straight through meanwhile (the measure's own operators are not API calls)."""
+        if len(self.verdicts):
+            with suspended():
+                self.verdicts.settle()
+
+    def _settle_failed(self, key: str, name: str, exc: BaseException) -> None:
+        """A deferred check that could not finish: skipped when its output changed meanwhile,
+        else an error (raised in strict mode, as a check at the call would be)."""
+        if isinstance(exc, OutputModified):
+            self._skip(key, str(exc))
+        elif self.config.strict:
+            raise ProbeError(f"free_benchmark failed on {name}: {exc}") from exc
+        else:
+            self._error(key, name, exc)
+
     def _skip(self, key: str, reason: str) -> None:
         self.skipped[(key, reason)] += 1
         self._dirty = True
@@ -457,14 +495,20 @@ class FreeBenchmarkProbe:
         return self.dump_path / name
 
     def flush(self) -> None:
-        """Write pending rows and the summary (called per step, at stop and at exit)."""
+        """Settle the pending checks, append their rows and rewrite summary.json when something
+        in it changed (called at stop, per step and at exit). On the training thread, on
+        purpose: a step's files are on disk when stop() returns, which scripts and tests rely
+        on; what it costs is kept small (rows are appended, summary.json only when changed)."""
+        self.settle()
         for writer in self._writers.values():
             writer.flush()
-        if self.rank is not None and (self._dirty or not self.summary_path.exists()):
+        if self.rank is not None and (self._dirty or not self._summary_written):
             write_json_atomic(self.summary_path, self.summary())
             self._dirty = False
+            self._summary_written = True
 
     def summary(self) -> dict[str, Any]:
+        self.settle()
         by_reason: dict[str, dict[str, int]] = {}
         for (key, reason), n in sorted(self.skipped.items()):
             by_reason.setdefault(reason, {})[key] = n
@@ -482,8 +526,8 @@ class FreeBenchmarkProbe:
             "flagged": list(self._summary_rows),
             "rows_total": self.rows_total,
             "not_checked": by_reason,
-            "errors": list(self.errors.values()),
-            "csv_files": sorted(str(w.path) for w in self._writers.values() if w.path.exists()),
+            "errors": [dict(e) for e in self.errors.values()],
+            "csv_files": sorted(str(w.path) for w in self._writers.values() if w.written or w.pending),
         }
         if self.preheat is not None or self.preheat_note is not None:
             summary["preheat"] = {

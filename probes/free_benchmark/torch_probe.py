@@ -31,7 +31,8 @@ class TorchFreeBenchmark(FreeBenchmarkRun):
         if config.free_benchmark.if_preheat:  # PyTorch only, as the reference (MindSpore warns and ignores it)
             self.probe.enable_preheat()
         self._check_selection()
-        self.patcher = ApiPatcher(tuple(m for m in self.catalog if m.exclusion != exclusions.ACCESSOR))
+        self.patcher = ApiPatcher(tuple(m for m in self.catalog if m.exclusion != exclusions.ACCESSOR),
+                                  self.probe.selection.static)
         self._register()
 
     def _check_selection(self) -> None:

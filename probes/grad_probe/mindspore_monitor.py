@@ -174,6 +174,7 @@ class MindSporeGradMonitor(MonitorBase):
         rank = self.rank or 0
         pending: list[tuple[str, tuple[int, ...], Any, str | None]] = []  # name, shape, vector, md5
         missing: list[str] = []
+        directions: list[tuple[Any, Any]] = []  # (direction file, host bools), written off this thread
         for name, _ in self.selected:
             g = grads.get(name)
             if g is None:
@@ -195,7 +196,7 @@ class MindSporeGradMonitor(MonitorBase):
                     md5 = stats.crc32_hex(host if host is not None else g.astype(xp.float32).asnumpy())
                 else:
                     positive = host > 0 if host is not None else self._op(dtype_name, "direction", g, lambda t: t > 0).asnumpy()
-                    csv_format.write_direction(csv_format.direction_path(self.dump_path, rank, step, name), positive)
+                    directions.append((csv_format.direction_path(self.dump_path, rank, step, name), positive))
                 pending.append((name, tuple(int(s) for s in g.shape), vec, md5))
             except Exception as exc:
                 if self.config.strict:
@@ -206,10 +207,14 @@ class MindSporeGradMonitor(MonitorBase):
             stats.split_stats(name, shape, row, self.bounds, self.histogram, md5)
             for (name, shape, _, md5), row in zip(pending, rows)
         ]
-        csv_format.write_summary_csv(
-            csv_format.summary_csv_path(self.dump_path, rank, step), self.level, self.bounds, records
-        )
-        self._after_dump(step, missing)
+        level, bounds, path = self.level, self.bounds, csv_format.summary_csv_path(self.dump_path, rank, step)
+
+        def write() -> None:  # on the writer thread (monitor_common)
+            for where, positive in directions:
+                csv_format.write_direction(where, positive)
+            csv_format.write_summary_csv(path, level, bounds, records)
+
+        self._write_step(step, missing, write)
 
     def _op(self, dtype_name: str, op: str, g: Any, fn: Any) -> Any:
         """``fn(g)``, or ``fn`` of a float32 upcast when this MindSpore build has no kernel for

@@ -14,13 +14,13 @@ import difflib
 import logging
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from probes.core.config import GradProbeConfig, ProbeConfig
 from probes.core.errors import ConfigError, ProbeError
-from probes.core.writers import write_json_atomic
+from probes.core.writers import BackgroundWriter, write_json_atomic
 from probes.grad_probe import csv_format
 
 __all__ = ["MAX_ERRORS", "SUMMARY_INTERVAL_S", "MonitorBase", "check_param_list"]
@@ -76,6 +76,9 @@ class MonitorBase:
         self._compute_dtypes: set[str] = set()
         self._last_summary = 0.0
         self._dirty = False
+        # the step files are written off the training thread (one step in flight, see
+        # BackgroundWriter); summary.json is written by the same thread, after the files it lists
+        self._writer = BackgroundWriter("grad_probe")
 
     # ------------------------------------------------------------------ subclass interface
     def _resolve_rank(self) -> int:  # pragma: no cover - abstract
@@ -92,14 +95,36 @@ class MonitorBase:
     def _activate(self) -> None:
         _ACTIVE.add(self)
 
-    def _after_dump(self, step: int, missing: list[str]) -> None:
-        """Book-keeping after a step's CSV was written."""
+    def _write_step(self, step: int, missing: list[str], write: Callable[[], None]) -> None:
+        """Hand a step's file writes to the writer thread and do the book-keeping; summary.json
+        follows the files in the same task when it is due."""
         if missing:
             self.params_without_grad[step] = missing
         self.steps_written.append(step)
         self._dirty = True
-        if time.monotonic() - self._last_summary >= SUMMARY_INTERVAL_S:
-            self.write_summary()
+        summary = None
+        if time.monotonic() - self._last_summary >= SUMMARY_INTERVAL_S and self._summary_selected():
+            self._last_summary = time.monotonic()
+            self._dirty = False
+            summary = (self.summary_path, self.summary())
+
+        def task() -> None:
+            write()
+            if summary is not None:
+                write_json_atomic(*summary)
+
+        self._writer_errors(self._writer.submit(task), step)
+
+    def _writer_errors(self, errors: list[BaseException], step: int | None) -> None:
+        """Errors of earlier writes, reported on the training thread (raised in strict mode)."""
+        for exc in errors:
+            self._record_error(step, None, exc)
+        if errors and self.config.strict:
+            raise ProbeError(f"grad_probe could not write its files: {errors[0]!r}") from errors[0]
+
+    def flush(self) -> None:
+        """Wait until every completed step is on disk."""
+        self._writer_errors(self._writer.flush(), self.current_step)
 
     def _record_error(self, step: int | None, param: str | None, exc: BaseException) -> None:
         log.warning("grad_probe: error at step %s%s: %r", step, f" ({param})" if param else "", exc)
@@ -136,14 +161,17 @@ class MonitorBase:
             "config": self.config.to_dict(),
         }
 
-    def write_summary(self) -> Path | None:
-        """Write ``rank{R}/summary.json`` (atomically) if the config selects this rank."""
+    def _summary_selected(self) -> bool:
         if self.rank is None:
             try:
                 self.rank = int(self._resolve_rank())
             except Exception:  # pragma: no cover - the backends have no failing path today
-                return None
-        if not self.config.selects_rank(self.rank):
+                return False
+        return self.config.selects_rank(self.rank)
+
+    def write_summary(self) -> Path | None:
+        """Write ``rank{R}/summary.json`` (atomically) if the config selects this rank."""
+        if not self._summary_selected():
             return None
         self._last_summary = time.monotonic()
         self._dirty = False
@@ -157,6 +185,7 @@ class MonitorBase:
         self._closed = True
         _ACTIVE.discard(self)
         try:
+            self.flush()
             self.write_summary()
         except Exception as exc:
             if self.config.strict:
@@ -177,6 +206,7 @@ class MonitorBase:
 def _flush_at_exit() -> None:
     for m in list(_ACTIVE):
         try:
+            m._writer.flush()
             if m._dirty:
                 m.write_summary()
         except Exception:  # pragma: no cover - best effort at interpreter exit

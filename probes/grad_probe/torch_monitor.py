@@ -194,8 +194,9 @@ class GradMonitor(MonitorBase):
     def _dump(self, step: int) -> None:
         rank = self.rank or 0
         xp = None
-        pending: list[tuple[str, torch.Tensor, Any, str | None]] = []  # name, grad, device vector, md5
-        signs: list[tuple[str, torch.Tensor, tuple]] = []  # name, flat device bools (L1/L2 direction files)
+        # name, shape, device statistics vector, device payload: the gradient in float32 (L0,
+        # for its checksum) or its signs (L1/L2, for the direction file)
+        pending: list[tuple[str, tuple, torch.Tensor, torch.Tensor]] = []
         missing: list[str] = []
         with torch.no_grad():
             for name, p in self.selected:
@@ -216,55 +217,29 @@ class GradMonitor(MonitorBase):
                     dtype = _compute_dtype(g)
                     self._compute_dtypes.add(str(dtype).replace("torch.", ""))
                     vec = stats.stat_vector(xp, g, self.bounds, self.histogram, dtype=dtype)
-                    md5 = None
-                    if self.level == "L0":
-                        md5 = stats.crc32_hex(g.to(dtype=torch.float32).cpu().numpy())
-                    else:  # the bools are computed on the device; all parameters' cross in one transfer
-                        signs.append((name, (g > 0).reshape(-1), tuple(g.shape)))
-                    pending.append((name, g, vec, md5))
+                    payload = g.to(dtype=torch.float32) if self.level == "L0" else g > 0
+                    pending.append((name, tuple(g.shape), vec, payload.reshape(-1)))
                 except Exception as exc:
                     if self.config.strict:
                         raise  # recorded once, by on_step
                     self._record_error(step, name, exc)
-            rows = self._to_host([v for _, _, v, _ in pending])
-            self._write_directions(rank, step, signs)
-        records = [
-            stats.split_stats(name, tuple(g.shape), row, self.bounds, self.histogram, md5)
-            for (name, g, _, md5), row in zip(pending, rows)
-        ]
-        csv_format.write_summary_csv(
-            csv_format.summary_csv_path(self.dump_path, rank, step), self.level, self.bounds, records
-        )
-        self._after_dump(step, missing)
+            host = _to_host_packed([(vec, payload) for _n, _s, vec, payload in pending])
+        records, directions = [], []
+        for (name, shape, _vec, _payload), (row, data) in zip(pending, host):
+            md5 = None
+            if self.level == "L0":
+                md5 = stats.crc32_hex(data)
+            else:
+                directions.append((csv_format.direction_path(self.dump_path, rank, step, name), data.reshape(shape)))
+            records.append(stats.split_stats(name, shape, row, self.bounds, self.histogram, md5))
+        level, bounds, path = self.level, self.bounds, csv_format.summary_csv_path(self.dump_path, rank, step)
 
-    def _write_directions(self, rank: int, step: int, signs: list[tuple[str, torch.Tensor, tuple]]) -> None:
-        """The step's direction files, from one host copy per device of every parameter's signs."""
-        by_device: dict[Any, list[int]] = {}
-        for i, (_name, bits, _shape) in enumerate(signs):
-            by_device.setdefault(bits.device, []).append(i)
-        for idx in by_device.values():
-            host = torch.cat([signs[i][1] for i in idx]).cpu().numpy()
-            pos = 0
-            for i in idx:
-                name, bits, shape = signs[i]
-                n = bits.numel()
-                csv_format.write_direction(csv_format.direction_path(self.dump_path, rank, step, name),
-                                           host[pos : pos + n].reshape(shape))
-                pos += n
+        def write() -> None:
+            for where, positive in directions:
+                csv_format.write_direction(where, positive)
+            csv_format.write_summary_csv(path, level, bounds, records)
 
-    @staticmethod
-    def _to_host(vectors: list[Any]) -> list[list[float]]:
-        """One host copy per device for every parameter's vector of the step."""
-        out: list[list[float]] = [[] for _ in vectors]
-        by_device: dict[Any, list[int]] = {}
-        for i, v in enumerate(vectors):
-            by_device.setdefault(v.device, []).append(i)
-        for device, idx in by_device.items():
-            wide = torch.float32 if device.type in NO_FLOAT64_DEVICES else torch.float64
-            host = torch.stack([vectors[i].to(wide) for i in idx]).tolist()
-            for i, row in zip(idx, host):
-                out[i] = row
-        return out
+        self._write_step(step, missing, write)
 
     def _resolve_rank(self) -> int:
         return int(self.backend.rank())
@@ -285,6 +260,35 @@ class GradMonitor(MonitorBase):
 
 
 # ---------------------------------------------------------------------- helpers
+def _to_host_packed(items: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[list[float], Any]]:
+    """(statistics row, payload as a host array) of every (vector, payload) pair, from one host
+    copy per device: every tensor's bytes are concatenated on the device and split on the host."""
+    import numpy as np
+
+    out: list[tuple[list[float], Any]] = [([], None) for _ in items]
+    by_device: dict[Any, list[int]] = {}
+    for i, (vec, _payload) in enumerate(items):
+        by_device.setdefault(vec.device, []).append(i)
+    for idx in by_device.values():
+        parts = []
+        for i in idx:
+            vec, payload = items[i]
+            parts += [vec.contiguous().view(torch.uint8), payload.contiguous().view(torch.uint8)]
+        flat = torch.cat(parts).cpu().numpy()
+        pos = 0
+        for i in idx:
+            vec, payload = items[i]
+            n_vec, n_pay = vec.numel() * vec.element_size(), payload.numel() * payload.element_size()
+            row = np.frombuffer(flat[pos : pos + n_vec], dtype=_NUMPY[vec.dtype]).astype(np.float64).tolist()
+            data = np.frombuffer(flat[pos + n_vec : pos + n_vec + n_pay], dtype=_NUMPY[payload.dtype]).copy()
+            out[i] = (row, data)
+            pos += n_vec + n_pay
+    return out
+
+
+_NUMPY = {torch.float64: "float64", torch.float32: "float32", torch.bool: "bool"}
+
+
 def _grad_of(p: torch.Tensor) -> torch.Tensor | None:
     g = getattr(p, "main_grad", None)
     return g if g is not None else p.grad

@@ -79,6 +79,7 @@ claimed by another backend, ``simulated_npu()`` refuses with :class:`SimulatedNP
 from __future__ import annotations
 
 import contextlib
+import importlib.machinery
 import sys
 import threading
 import types
@@ -97,12 +98,21 @@ SUPPORTED_DEFECTS: Dict[str, Tuple[str, ...]] = {
     "npu_rms_norm": ("reduced_precision", "wrong_backward"),
     "npu_swiglu": ("reduced_precision", "wrong_backward"),
     "npu_rotary_mul": ("reduced_precision", "wrong_backward"),
+    "npu_fusion_attention": ("reduced_precision", "wrong_backward"),
 }
 
 _OP_SCHEMAS = {
     "npu_rms_norm": "npu_rms_norm(Tensor self, Tensor gamma, float epsilon=1e-06) -> (Tensor, Tensor)",
     "npu_swiglu": "npu_swiglu(Tensor self, int dim=-1) -> Tensor",
     "npu_rotary_mul": "npu_rotary_mul(Tensor self, Tensor r1, Tensor r2) -> Tensor",
+    # torch_npu's signature; the op returns the four tensors, the Python function adds seed,
+    # offset and numels (0: no dropout in the simulated subset)
+    "npu_fusion_attention": (
+        "npu_fusion_attention(Tensor query, Tensor key, Tensor value, int head_num, str input_layout, "
+        "Tensor? pse=None, Tensor? padding_mask=None, Tensor? atten_mask=None, float scale=1., "
+        "float keep_prob=1., int pre_tockens=2147483647, int next_tockens=2147483647, int inner_precise=0, "
+        "int[]? prefix=None, int[]? actual_seq_qlen=None, int[]? actual_seq_kvlen=None, int sparse_mode=0, "
+        "bool gen_mask_parallel=True, bool sync=False) -> (Tensor, Tensor, Tensor, Tensor)"),
 }
 
 _UNSUPPORTED_DTYPES = (torch.float64,)
@@ -351,9 +361,63 @@ def _rotary_mul(x: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor, reduced: bo
     return _cast(out, x.dtype)
 
 
-_MATH: Dict[str, Callable[..., Any]] = {"npu_rms_norm": _rms_norm, "npu_swiglu": _swiglu,
+_TO_BNSD = {"BNSD": None, "BSND": (0, 2, 1, 3), "BSH": "BSH", "SBH": "SBH"}
+
+
+def _fusion_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, head_num: int, input_layout: str,
+                      pse: Any = None, padding_mask: Any = None, atten_mask: Any = None, scale: float = 1.0,
+                      keep_prob: float = 1.0, pre_tockens: int = 2147483647, next_tockens: int = 2147483647,
+                      inner_precise: int = 0, prefix: Any = None, actual_seq_qlen: Any = None,
+                      actual_seq_kvlen: Any = None, sparse_mode: int = 0, gen_mask_parallel: bool = True,
+                      sync: bool = False, reduced: bool = False) -> Any:
+    """The subset of torch_npu.npu_fusion_attention that is simulated: layouts BSH, SBH, BSND,
+    BNSD; a boolean atten_mask (True: not attended); no dropout, pse, sparse modes or varlen."""
+    if input_layout not in _TO_BNSD:
+        raise SimulatedNPUError(f"npu_fusion_attention: input_layout={input_layout!r}; simulated: {sorted(_TO_BNSD)}")
+    unsupported = {"keep_prob": keep_prob != 1.0, "pse": pse is not None, "padding_mask": padding_mask is not None,
+                   "sparse_mode": sparse_mode != 0, "prefix": prefix is not None,
+                   "actual_seq_qlen": actual_seq_qlen is not None, "actual_seq_kvlen": actual_seq_kvlen is not None}
+    given = [k for k, bad in unsupported.items() if bad]
+    if given:
+        raise SimulatedNPUError(f"npu_fusion_attention: {', '.join(given)} not simulated (dropout-free, dense only)")
+    compute = _compute_dtype(query, reduced)
+
+    def bnsd(t: torch.Tensor) -> torch.Tensor:
+        if input_layout == "BSH":
+            b, s, h = t.shape
+            return _aten.permute.default(_aten.reshape.default(t, [b, s, head_num, h // head_num]), [0, 2, 1, 3])
+        if input_layout == "SBH":
+            s, b, h = t.shape
+            return _aten.permute.default(_aten.reshape.default(t, [s, b, head_num, h // head_num]), [1, 2, 0, 3])
+        order = _TO_BNSD[input_layout]
+        return t if order is None else _aten.permute.default(t, list(order))
+
+    q, k, v = (_cast(bnsd(t), compute) for t in (query, key, value))
+    scores = _aten.mul.Scalar(_aten.matmul.default(q, _aten.transpose.int(k, -2, -1)), scale)
+    if atten_mask is not None:
+        scores = _aten.masked_fill.Scalar(scores, _cast(atten_mask, torch.bool), float("-inf"))
+    top = _aten.amax.default(scores, [-1], True)
+    p = _aten.exp.default(_aten.sub.Tensor(scores, top))
+    total = _aten.sum.dim_IntList(p, [-1], True)
+    out = _aten.matmul.default(_aten.div.Tensor(p, total), v)  # B, N, S, D
+    b, n, s, d = out.shape
+    if input_layout == "BSH":
+        out = _aten.reshape.default(_aten.permute.default(out, [0, 2, 1, 3]), [b, s, n * d])
+    elif input_layout == "SBH":
+        out = _aten.reshape.default(_aten.permute.default(out, [2, 0, 1, 3]), [s, b, n * d])
+    elif input_layout == "BSND":
+        out = _aten.permute.default(out, [0, 2, 1, 3])
+    stats_shape = [b, n, s, 8]
+    softmax_max = _cast(_aten.expand.default(top, stats_shape), torch.float32)
+    softmax_sum = _cast(_aten.expand.default(total, stats_shape), torch.float32)
+    empty = _aten.new_zeros.default(softmax_max, [0])
+    return _cast(_aten.contiguous.default(out), query.dtype), softmax_max, softmax_sum, empty
+
+
+_MATH: Dict[str, Callable[..., Any]] = {"npu_fusion_attention": _fusion_attention,
+                                        "npu_rms_norm": _rms_norm, "npu_swiglu": _swiglu,
                                         "npu_rotary_mul": _rotary_mul}
-_TENSOR_ARGS = {"npu_rms_norm": 2, "npu_swiglu": 1, "npu_rotary_mul": 3}
+_TENSOR_ARGS = {"npu_rms_norm": 2, "npu_swiglu": 1, "npu_rotary_mul": 3, "npu_fusion_attention": 3}
 
 # "npu::<name>" -> implementation (with this block's defects) while a simulation is active
 _fused_impls: Dict[str, Callable[..., Any]] = {}
@@ -384,7 +448,9 @@ def _register_autograd(lib: Any, name: str, defect: str | None) -> None:
     def backward(ctx: Any, *grads: Any) -> Any:
         saved = ctx.saved_tensors
         with torch.enable_grad():
-            xs = [t.detach().requires_grad_(t.is_floating_point()) for t in saved]
+            # TensorBase's methods, not Tensor's: a tool may have wrapped those
+            xs = [torch._C.TensorBase.requires_grad_(_aten.detach.default(t), t.dtype.is_floating_point)
+                  for t in saved]
             outs = _MATH[name](*xs, *ctx.extra)
             outs = outs if isinstance(outs, tuple) else (outs,)
             used = [(o, g) for o, g in zip(outs, grads) if g is not None and o.requires_grad]
@@ -404,6 +470,8 @@ def _make_torch_npu_module(device_module: _NPUModule) -> types.ModuleType:
         "torch_npu", "Stand-in for torch_npu installed by pytest_msprobe.testing.simulated_npu."
     )
     mod.__dict__["__simulated__"] = True
+    # importlib.util.find_spec("torch_npu") (transformers, accelerate) needs a spec
+    mod.__spec__ = importlib.machinery.ModuleSpec("torch_npu", None)
     mod.__version__ = "0.0.0+simulated"  # type: ignore[attr-defined]
     mod.npu = device_module  # type: ignore[attr-defined]
 
@@ -416,7 +484,11 @@ def _make_torch_npu_module(device_module: _NPUModule) -> types.ModuleType:
     def npu_rotary_mul(x: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor) -> torch.Tensor:
         return torch.ops.npu.npu_rotary_mul(x, r1, r2)
 
-    for fn in (npu_rms_norm, npu_swiglu, npu_rotary_mul):
+    def npu_fusion_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, head_num: int,
+                             input_layout: str, **kwargs: Any) -> Tuple[Any, ...]:
+        return tuple(torch.ops.npu.npu_fusion_attention(query, key, value, head_num, input_layout, **kwargs)) + (0, 0, 0)
+
+    for fn in (npu_rms_norm, npu_swiglu, npu_rotary_mul, npu_fusion_attention):
         fn.__module__ = "torch_npu"
         setattr(mod, fn.__name__, fn)
     return mod

@@ -14,7 +14,6 @@ what the tool adds. Needs torch and transformers (a dev extra, never a runtime d
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import statistics
 import sys
@@ -179,15 +178,16 @@ def main(argv: list[str] | None = None) -> int:
     import logging
 
     logging.getLogger("probes").setLevel(logging.ERROR)
+    if not args.no_transfers:  # the simulated NPU's setup must precede the process's first backward
+        from pytest_msprobe.testing import prepare
+
+        prepare()
     rows = []
     for path in [p.strip() for p in args.paths.split(",") if p.strip()]:
         if path not in PATHS:
             parser.error(f"--paths entry {path!r}; allowed: {', '.join(PATHS)}")
         ratio = time_ratio(path, args.repeats)
-        added = None
-        if not args.no_transfers:
-            with contextlib.suppress(Exception):
-                added = transfers(path)
+        added = None if args.no_transfers else transfers(path)
         rows.append({"path": path, "ratio": ratio, "transfers_per_step": added,
                      "target_ratio": TARGETS[path][0], "target_transfers": TARGETS[path][1]})
     costs = fixed_costs()

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+import seeded
 import seeded_reduced
 
 torch = pytest.importorskip("torch")
@@ -68,11 +69,15 @@ def _files(dump: Path) -> dict[str, str]:
     ("bit_noise", "reference", torch.bfloat16),
     ("change_value", "reference", torch.float32),
     ("to_cpu", "scaled", torch.float32),
+    ("no_change", "reference", torch.float32),
+    ("no_change", "scaled", torch.float32),
 ])
 @pytest.mark.parametrize("stage", ["forward", "backward"])
 def test_deferred_rows_and_summaries_are_identical_to_judging_each_call_at_once(
         tmp_path, monkeypatch, mode, rule, dtype, stage):
     seeded_reduced.install_reduced_linear(monkeypatch)  # something to find in float32
+    if mode == "no_change":  # and something nondeterministic (a fresh counter per run below)
+        monkeypatch.setattr(torch, "tanh", None)
     section = {"pert_mode": mode, "rule": rule, "fuzz_stage": stage}
     if mode == "to_cpu":
         section["fuzz_device"] = "cpu"
@@ -80,11 +85,16 @@ def test_deferred_rows_and_summaries_are_identical_to_judging_each_call_at_once(
         section["list"] = ["linear", "gelu", "softmax", "tanh"]
     dumps = {}
     for label, max_calls in (("at_once", 1), ("deferred", None), ("small_buffer", 3)):
+        if mode == "no_change":
+            monkeypatch.setattr(torch, "tanh", seeded.nondeterministic())
         dump = tmp_path / label
         cfg = {"task": "free_benchmark", "dump_path": str(dump), "free_benchmark": section}
         dbg = _steps(cfg, dtype, max_calls=max_calls)
         dumps[label] = _files(dump)
-        assert dbg.summary()["apis"], "nothing was checked"
+        summary = dbg.summary()
+        assert summary["apis"], "nothing was checked"
+        if mode == "no_change" and stage == "forward":  # equal outputs counted first, changed ones measured
+            assert summary["apis"]["Torch.tanh"]["flagged"] >= 1, summary["apis"]["Torch.tanh"]
     assert dumps["deferred"] == dumps["at_once"]
     assert dumps["small_buffer"] == dumps["at_once"]
 

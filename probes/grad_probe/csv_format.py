@@ -17,6 +17,7 @@ This module imports no deep-learning framework (numpy only when a direction file
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import os
 import re
@@ -107,6 +108,7 @@ def write_direction(path: str | os.PathLike[str], positive: Any) -> Path:
     return path
 
 
+@functools.lru_cache(maxsize=65536)  # the same names every step: encoded once
 def file_name_for_param(name: str) -> str:
     """Percent-encode every character outside ``[A-Za-z0-9_.-]`` (UTF-8 bytes, ``%XX``)."""
     return "".join(c if _SAFE.fullmatch(c) else "".join(f"%{b:02X}" for b in c.encode("utf-8")) for c in name)

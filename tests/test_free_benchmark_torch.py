@@ -14,6 +14,7 @@ from training_loops import train
 
 from probes.core.errors import ConfigError, ProbeError
 from probes.core.records import FREE_BENCHMARK_COLUMNS
+from probes.free_benchmark import exclusions
 from probes.pytorch import PrecisionDebugger
 
 
@@ -351,3 +352,41 @@ def test_rows_kept_in_memory_are_capped_but_the_csv_gets_all(fb_config, monkeypa
     assert len(dbg.rows) == 3 and dbg.summary()["rows_total"] == 5
     with open(tmp_path / "dump" / "step0" / "rank0" / "free_benchmark.csv") as fh:
         assert len(fh.readlines()) == 1 + 5
+
+
+# --- optimizer steps --------------------------------------------------------------------------
+
+
+class _RaisingSGD(torch.optim.SGD):
+    def step(self, closure=None):
+        super().step(closure)
+        raise RuntimeError("optimizer failed")
+
+
+def test_calls_inside_optimizer_step_are_left_out_with_the_reason(fb_config):
+    """The same APIs are checked whether the optimizer runs per tensor (CPU's default), foreach or
+    fused (msprobe excludes fused optimizer kernels); a step that raised does not leave the probe
+    off."""
+    torch.manual_seed(0)
+    lin = nn.Linear(8, 8)
+    x = torch.randn(4, 8)
+    dbg = PrecisionDebugger(config=fb_config(pert_mode="no_change"))
+    for opt in (torch.optim.Adam(lin.parameters(), foreach=False), torch.optim.Adam(lin.parameters(), foreach=True)):
+        with dbg:
+            opt.zero_grad()
+            lin(x).square().sum().backward()
+            opt.step()
+    summary = dbg.summary()
+    left_out = summary["not_checked"].get(exclusions.IN_OPTIMIZER_STEP, {})
+    assert left_out, summary["not_checked"]  # the per-tensor Adam's calls, with the reason
+    assert summary["apis"]["Functional.linear"]["checked"] == 2
+    assert not any(api.startswith("Tensor.add") or api == "Tensor.lerp_" for api, s in summary["apis"].items()
+                   if s["checked"])
+    bad = _RaisingSGD(lin.parameters(), lr=0.1)
+    with pytest.raises(RuntimeError, match="optimizer failed"):
+        with dbg:
+            lin(x).sum().backward()
+            bad.step()
+    with dbg:
+        F.linear(x, lin.weight)  # checked again: the failed step's window was closed at stop()
+    assert dbg.summary()["apis"]["Functional.linear"]["checked"] == 4

@@ -161,3 +161,43 @@ def _npu_entries() -> list[ApiMeta]:
         return []
     names = [n for n in _public(torch_npu) if n.startswith("npu_")]
     return _module_entries(torch_npu, "NPU", "", names)
+
+
+class TorchApiPatcher(ApiPatcher):
+    """ApiPatcher that also tells the probe when a torch.optim optimizer step runs (global step
+    pre/post hooks, installed and removed with the wrappers): the probe leaves those calls out
+    (exclusions.IN_OPTIMIZER_STEP). A step that raised never runs its post hook, so uninstall
+    closes whatever is still open."""
+
+    def __init__(self, metas: tuple[ApiMeta, ...], selects: Any = None, window: Any = None) -> None:
+        super().__init__(metas, selects)
+        self._window = window
+        self._hooks: tuple[Any, ...] = ()
+        self._open = 0
+
+    def install(self, handler: Any) -> None:
+        super().install(handler)
+        if self._window is None:
+            return
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        def enter(optimizer: Any, args: Any, kwargs: Any) -> None:
+            self._open += 1
+            self._window.optimizer_step(True)
+
+        def leave(optimizer: Any, args: Any, kwargs: Any) -> None:
+            if self._open:
+                self._open -= 1
+                self._window.optimizer_step(False)
+
+        self._hooks = (register_optimizer_step_pre_hook(enter), register_optimizer_step_post_hook(leave))
+
+    def uninstall(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = ()
+        while self._open and self._window is not None:
+            self._open -= 1
+            self._window.optimizer_step(False)
+        super().uninstall()
+

@@ -17,6 +17,9 @@ COLLECTIVE = "collective communication: re-running it would issue it again on ev
 OPTIMIZER = "fused optimizer kernel: mutates parameters and optimizer state"
 ACCESSOR = "returns metadata or a Python value, not a tensor computation"
 SIDE_EFFECT = "has side effects on autograd, storage or streams"
+IN_OPTIMIZER_STEP = ("called inside optimizer.step(): the update is the optimizer's, left out as msprobe leaves out "
+                     "fused optimizer kernels (so a model checks the same APIs whether its optimizer runs fused, "
+                     "foreach or per tensor)")
 DATA_MOVEMENT = ("moves, copies or casts data without arithmetic: a perturbation would only pass through "
                  "(and a one-ulp bf16 perturbation alone exceeds the bf16 threshold)")
 

@@ -30,6 +30,7 @@ from probes.core.metrics import RatioVerdict
 from probes.core.records import FREE_BENCHMARK_COLUMNS, FreeBenchmarkRow
 from probes.core.trees import format_path, iter_leaves, tree_map
 from probes.core.writers import CsvAppender, write_json_atomic
+from probes.free_benchmark import exclusions
 from probes.free_benchmark.backward import BackwardCheck
 from probes.free_benchmark.compare import (
     OutputModified,
@@ -173,6 +174,7 @@ class FreeBenchmarkProbe:
         # judges each call at once (its thresholds move with every sample)
         self.verdicts = VerdictQueue(backend)
         self._summary_written = False
+        self._optimizer_steps = 0  # > 0 while an optimizer step runs (frameworks that can tell set it)
 
     def enable_preheat(self) -> None:
         """Learn the thresholds against the CPU (`if_preheat`; the frameworks that support it
@@ -226,6 +228,9 @@ class FreeBenchmarkProbe:
         if not self.active:
             return original(*args, **kwargs)
         key = meta.key
+        if self._optimizer_steps:
+            self._skip(key, exclusions.IN_OPTIMIZER_STEP)
+            return original(*args, **kwargs)
         if meta.exclusion is not None:
             self._skip(key, meta.exclusion)
             return original(*args, **kwargs)
@@ -439,6 +444,10 @@ class FreeBenchmarkProbe:
     def _cancelled_by_framework(self, key: str, name: str, exc: BaseException) -> bool:
         """True when `exc` means the framework cannot run this check (recorded as a skip)."""
         return False
+
+    def optimizer_step(self, entering: bool) -> None:
+        """An optimizer step begins or ends (its calls are not checked, exclusions.IN_OPTIMIZER_STEP)."""
+        self._optimizer_steps = self._optimizer_steps + 1 if entering else max(0, self._optimizer_steps - 1)
 
     def settle(self) -> None:
         """Finish the pending checks (their rows and counts): one host transfer for all of them.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 import logging
 
-from probes.backends.torch_apis import ApiPatcher, build_catalog, call_exclusion
+from probes.backends.torch_apis import TorchApiPatcher, build_catalog, call_exclusion
 from probes.backends.torch_backend import BACKEND
 from probes.core.config import ProbeConfig
 from probes.core.errors import ConfigError
@@ -31,8 +31,8 @@ class TorchFreeBenchmark(FreeBenchmarkRun):
         if config.free_benchmark.if_preheat:  # PyTorch only, as the reference (MindSpore warns and ignores it)
             self.probe.enable_preheat()
         self._check_selection()
-        self.patcher = ApiPatcher(tuple(m for m in self.catalog if m.exclusion != exclusions.ACCESSOR),
-                                  self.probe.selection.static)
+        self.patcher = TorchApiPatcher(tuple(m for m in self.catalog if m.exclusion != exclusions.ACCESSOR),
+                                       self.probe.selection.static, window=self.probe)
         self._register()
 
     def _check_selection(self) -> None:

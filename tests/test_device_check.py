@@ -71,3 +71,16 @@ def test_a_crashing_tool_makes_the_exit_status_non_zero(monkeypatch, capsys):
     captured = capsys.readouterr()
     assert "grad_probe" in captured.out and "CRASHED: RuntimeError: seeded crash" in captured.out
     assert "seeded crash inside a probe" in captured.err
+
+
+def test_device_check_runs_on_a_plain_device_without_torch_npu(tmp_path):
+    """--device cpu (as cuda would): the model's fused ops are plain PyTorch and transfers are
+    not countable there; every tool still runs."""
+    out = tmp_path / "cpu.json"
+    done = _run("--device", "cpu", "--steps", "1", "--dtypes", "float32", "--json", str(out))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads(out.read_text())["results"]
+    assert not [r for r in results if "crash" in r] and len(results) == 6
+    assert all(r["transfers_per_step"] is None for r in results)
+    backward = [r for r in results if r["tool"] == "free_benchmark:backward"][0]
+    assert backward["checked"] > 0

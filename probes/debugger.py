@@ -98,9 +98,7 @@ class PrecisionDebuggerBase:
         """The inconsistent outputs found so far (records of free_benchmark.csv rows)."""
         if self._tool is None:
             return []
-        settle = getattr(self._tool.probe, "settle", None)
-        if settle is not None:  # free_benchmark: the checks still pending on the device first
-            settle()
+        self._tool.probe.settle()  # the checks still pending on the device first
         return list(self._tool.probe.rows)
 
     def summary(self) -> dict[str, Any]:

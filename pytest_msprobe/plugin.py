@@ -32,8 +32,8 @@ RULES = ("scaled", "reference")  # free_benchmark verdicts (probes.core.config.R
 TOOL_FIXTURES = ("free_benchmark", "grad_probe", "online_dispatch", "msprobe_api_case", "msprobe_distributed")
 _SESSION_KEY = pytest.StashKey["MsprobeSession"]()
 _OPTIONS_KEY = pytest.StashKey["MsprobeOptions"]()
-_RUNS_KEY = pytest.StashKey[list]()
-_SIMULATION_KEY = pytest.StashKey[contextlib.ExitStack]()  # --msprobe-simulated-npu, closed at unconfigure  # the tool fixtures' runs of a test, for its golden check
+_RUNS_KEY = pytest.StashKey[list]()  # the tool fixtures' runs of a test, for its golden check
+_SIMULATION_KEY = pytest.StashKey[contextlib.ExitStack]()  # --msprobe-simulated-npu, closed at unconfigure
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

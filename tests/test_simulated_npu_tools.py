@@ -260,3 +260,28 @@ def test_grad_probe_on_device_parameters_finds_a_wrong_fused_backward(tmp_path):
     # the fused op's own weight and everything upstream of it; not the layer after it
     assert {"norm_weight", "inp.weight", "inp.bias"} <= at_first
     assert not at_first & {"out.weight", "out.bias"}, at_first
+
+
+# ------------------------------------------------------------------ a real model, clean
+def test_a_real_transformer_step_on_the_device_is_clean_under_both_tools(tmp_path):
+    """The clean case on a model nobody here wrote: a Hugging Face Llama step on the simulated NPU.
+    float32 improve_precision re-runs every call in float64 on the CPU (the device has none) and
+    online_dispatch compares every op with the CPU: neither flags anything, nothing errors."""
+    pytest.importorskip("transformers")
+    from llama_model import tiny_llama, token_batch
+
+    with simulated_npu():
+        model = tiny_llama(torch.float32).to("npu")
+        ids = token_batch(batch=2, length=16).to("npu")
+        dbg = PrecisionDebugger(config=_fb(tmp_path / "fb", pert_mode="improve_precision", rule="scaled"))
+        with dbg:
+            model(input_ids=ids, labels=ids).loss.backward()
+        summary = dbg.summary()
+        assert sum(s["checked"] for s in summary["apis"].values()) > 20
+        assert not summary["flagged"] and not summary["errors"], (summary["flagged"][:3], summary["errors"])
+        disp = PtdbgDispatch(dump_path=str(tmp_path / "od"), background=False)
+        with disp:
+            model(input_ids=ids, labels=ids).loss.backward()
+        od = json.loads((Path(disp.run_dir) / "summary.json").read_text())
+    assert od["ops_compared"] > 50 and od["devices"] == {"npu": od["ops_compared"]}
+    assert not od["failed_ops"] and not od.get("errors"), od["failed_ops"][:3]

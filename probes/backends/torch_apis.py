@@ -173,7 +173,6 @@ class TorchApiPatcher(ApiPatcher):
         super().__init__(metas, selects)
         self._window = window
         self._hooks: tuple[Any, ...] = ()
-        self._open = 0
 
     def install(self, handler: Any) -> None:
         super().install(handler)
@@ -181,23 +180,15 @@ class TorchApiPatcher(ApiPatcher):
             return
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-        def enter(optimizer: Any, args: Any, kwargs: Any) -> None:
-            self._open += 1
-            self._window.optimizer_step(True)
-
-        def leave(optimizer: Any, args: Any, kwargs: Any) -> None:
-            if self._open:
-                self._open -= 1
-                self._window.optimizer_step(False)
-
-        self._hooks = (register_optimizer_step_pre_hook(enter), register_optimizer_step_post_hook(leave))
+        window = self._window
+        self._hooks = (register_optimizer_step_pre_hook(lambda *_: window.optimizer_step(True)),
+                       register_optimizer_step_post_hook(lambda *_: window.optimizer_step(False)))
 
     def uninstall(self) -> None:
         for hook in self._hooks:
             hook.remove()
         self._hooks = ()
-        while self._open and self._window is not None:
-            self._open -= 1
-            self._window.optimizer_step(False)
+        if self._window is not None:
+            self._window.optimizer_step(None)
         super().uninstall()
 

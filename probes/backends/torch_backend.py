@@ -29,6 +29,12 @@ _LOW_PRECISION = {torch.float16, torch.bfloat16}
 # Devices whose kernels largely lack float64 (Ascend NPUs, Apple MPS): improve_precision's float64
 # re-run of a float32 call happens on the CPU there, with the inputs copied over.
 NO_FLOAT64_DEVICES = frozenset({"npu", "mps"})
+
+
+def widest_float(device: Any) -> torch.dtype:
+    """float64, or float32 on a device without float64 (what figures and statistics compute or
+    cross to the host in there)."""
+    return torch.float32 if torch.device(device).type in NO_FLOAT64_DEVICES else torch.float64
 for _name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu"):
     if hasattr(torch, _name):
         _LOW_PRECISION.add(getattr(torch, _name))
@@ -170,10 +176,9 @@ class TorchBackend(BackendDefaults):
             by_device.setdefault(a.device, []).append(i)
         out: list[list[float]] = [[] for _ in arrays]
         for device, idx in by_device.items():
-            # the widest float the device has: figures are computed in float32 or wider, so a
-            # device without float64 loses nothing by sending them as float32
-            wide = torch.float32 if device.type in NO_FLOAT64_DEVICES else torch.float64
-            flat = torch.cat([arrays[i].reshape(-1).to(wide) for i in idx]).tolist()
+            # figures are computed in float32 or wider, so a device without float64 loses nothing
+            # by sending them as float32
+            flat = torch.cat([arrays[i].reshape(-1).to(widest_float(device)) for i in idx]).tolist()
             pos = 0
             for i in idx:
                 out[i] = flat[pos : pos + sizes[i]]
@@ -185,7 +190,7 @@ class TorchBackend(BackendDefaults):
         b = b.to(device=a.device)
         if a.shape != b.shape:
             return torch.tensor([float(max(a.numel(), 1))], device=a.device)
-        return (a != b).sum().reshape(1).to(torch.float32 if a.device.type in NO_FLOAT64_DEVICES else torch.float64)
+        return (a != b).sum().reshape(1).to(widest_float(a.device))
 
     def no_grad(self) -> Any:
         return torch.no_grad()

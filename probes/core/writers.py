@@ -11,7 +11,6 @@ import json
 import math
 import os
 import tempfile
-import weakref
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,35 +22,25 @@ FLUSH_ROWS = 4096
 class CsvAppender:
     """Append-only CSV with a header written when the file is created."""
 
-    def __init__(self, path: str | os.PathLike, header: Sequence[str], encoding: str = "utf-8", newline: str = "\n",
-                 auto_flush: bool = True) -> None:
+    def __init__(self, path: str | os.PathLike, header: Sequence[str], encoding: str = "utf-8", newline: str = "\n") -> None:
         self.path = Path(path)
         self.header = list(header)
         self.encoding = encoding
         self.newline = newline
         self._pending: list[list[Any]] = []
-        self.written = False  # rows were handed over (possibly still being written)
-        self.auto_flush = auto_flush  # False: the owner hands rows to a writer thread itself
+        self.written = False  # some rows reached the file
 
     def add(self, values: Sequence[Any]) -> None:
         self._pending.append(list(values))
-        if self.auto_flush and len(self._pending) >= FLUSH_ROWS:
+        if len(self._pending) >= FLUSH_ROWS:
             self.flush()
 
-    def take(self) -> list[list[Any]]:
-        """The pending rows, handed over to whoever writes them (see `write`)."""
-        rows, self._pending = self._pending, []
-        if rows:
-            self.written = True
-        return rows
-
     def flush(self) -> None:
-        self.write(self.take())
-
-    def write(self, rows: list[list[Any]]) -> None:
-        """Append `rows` to the file (the header first when the file is new)."""
+        """Append the pending rows (the header first when the file is new)."""
+        rows, self._pending = self._pending, []
         if not rows:
             return
+        self.written = True
         self.path.parent.mkdir(parents=True, exist_ok=True)
         new = not self.path.exists()
         with open(self.path, "a", encoding=self.encoding, newline="") as fh:
@@ -131,8 +120,8 @@ class BackgroundWriter:
     waits for the previous task, so a hard kill loses at most the step being written, and host
     memory holds at most one step's data waiting; when writing takes less than a step (the usual
     case) the wait costs nothing. `flush` waits for the task in flight; probes call it at stop()
-    and, through `flush_all`, at interpreter exit (daemon threads still run then), so everything of
-    a completed step is on disk even when the training loop raised. A task's exception is kept
+    and at interpreter exit (daemon threads still run then), so everything of a completed step is
+    on disk even when the training loop raised. A task's exception is kept
     and handed back by `flush`/`submit` (`errors`), never raised on the writer thread.
     """
 
@@ -145,7 +134,6 @@ class BackgroundWriter:
         self._lock = threading.Lock()
         self._thread: Any = None
         self.errors: list[BaseException] = []
-        _WRITERS.add(self)
 
     def _start(self) -> None:
         import threading
@@ -183,11 +171,3 @@ class BackgroundWriter:
         errors, self.errors = self.errors, []
         return errors
 
-
-_WRITERS: weakref.WeakSet[BackgroundWriter] = weakref.WeakSet()
-
-
-def flush_all() -> None:
-    """Wait for every background writer (interpreter exit)."""
-    for writer in list(_WRITERS):
-        writer.flush()

@@ -49,7 +49,6 @@ class VerdictQueue:
         self.max_bytes = max_bytes
         self._pending: list[_Pending] = []
         self._bytes = 0
-        self.transfers = 0  # host transfers made by settle (one per pass, per device)
         self._settling = False
 
     def __len__(self) -> int:
@@ -79,8 +78,6 @@ class VerdictQueue:
             while active:
                 flat = [array for p in active for array in p.request]
                 host = self.backend.host_floats(flat) if flat else []
-                if flat:
-                    self.transfers += 1
                 pos, still = 0, []
                 for p in active:
                     n = len(p.request)
@@ -96,12 +93,6 @@ class VerdictQueue:
                 active = still
         finally:
             self._settling = False
-
-    def drop(self) -> None:
-        """Forget what is pending (the probe is being torn down after an error)."""
-        for p in self._pending:
-            p.comparison.close()
-        self._pending, self._bytes = [], 0
 
 
 _ITEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}

@@ -445,9 +445,14 @@ class FreeBenchmarkProbe:
         """True when `exc` means the framework cannot run this check (recorded as a skip)."""
         return False
 
-    def optimizer_step(self, entering: bool) -> None:
-        """An optimizer step begins or ends (its calls are not checked, exclusions.IN_OPTIMIZER_STEP)."""
-        self._optimizer_steps = self._optimizer_steps + 1 if entering else max(0, self._optimizer_steps - 1)
+    def optimizer_step(self, entering: bool | None) -> None:
+        """An optimizer step begins (True) or ends (False); None: the hooks are going away, so a
+        step that raised (its end never reported) is closed too. Its calls are not checked
+        (exclusions.IN_OPTIMIZER_STEP)."""
+        if entering is None:
+            self._optimizer_steps = 0
+        else:
+            self._optimizer_steps = self._optimizer_steps + 1 if entering else max(0, self._optimizer_steps - 1)
 
     def settle(self) -> None:
         """Finish the pending checks (their rows and counts): one host transfer for all of them.

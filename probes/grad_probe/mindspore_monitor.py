@@ -207,14 +207,7 @@ class MindSporeGradMonitor(MonitorBase):
             stats.split_stats(name, shape, row, self.bounds, self.histogram, md5)
             for (name, shape, _, md5), row in zip(pending, rows)
         ]
-        level, bounds, path = self.level, self.bounds, csv_format.summary_csv_path(self.dump_path, rank, step)
-
-        def write() -> None:  # on the writer thread (monitor_common)
-            for where, positive in directions:
-                csv_format.write_direction(where, positive)
-            csv_format.write_summary_csv(path, level, bounds, records)
-
-        self._write_step(step, missing, write)
+        self._write_step(step, rank, missing, records, directions)
 
     def _op(self, dtype_name: str, op: str, g: Any, fn: Any) -> Any:
         """``fn(g)``, or ``fn`` of a float32 upcast when this MindSpore build has no kernel for

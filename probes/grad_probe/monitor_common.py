@@ -14,7 +14,7 @@ import difflib
 import logging
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from probes.core.config import GradProbeConfig, ProbeConfig
 from probes.core.errors import ConfigError, ProbeError
 from probes.core.writers import BackgroundWriter, write_json_atomic
 from probes.grad_probe import csv_format
+from probes.grad_probe.stats import GradStats
 
 __all__ = ["MAX_ERRORS", "SUMMARY_INTERVAL_S", "MonitorBase", "check_param_list"]
 
@@ -95,9 +96,11 @@ class MonitorBase:
     def _activate(self) -> None:
         _ACTIVE.add(self)
 
-    def _write_step(self, step: int, missing: list[str], write: Callable[[], None]) -> None:
-        """Hand a step's file writes to the writer thread and do the book-keeping; summary.json
-        follows the files in the same task when it is due."""
+    def _write_step(self, step: int, rank: int, missing: list[str], records: list[GradStats],
+                    directions: list[tuple[Path, Any]]) -> None:
+        """Hand a step's files (its grad_summary CSV from `records`, the `(path, host bools)`
+        direction files) to the writer thread and do the book-keeping; summary.json follows the
+        files in the same task when it is due."""
         if missing:
             self.params_without_grad[step] = missing
         self.steps_written.append(step)
@@ -108,8 +111,12 @@ class MonitorBase:
             self._dirty = False
             summary = (self.summary_path, self.summary())
 
+        level, bounds, path = self.level, self.bounds, csv_format.summary_csv_path(self.dump_path, rank, step)
+
         def task() -> None:
-            write()
+            for where, positive in directions:
+                csv_format.write_direction(where, positive)
+            csv_format.write_summary_csv(path, level, bounds, records)
             if summary is not None:
                 write_json_atomic(*summary)
 

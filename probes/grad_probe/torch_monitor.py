@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from probes.backends.torch_backend import BACKEND, NO_FLOAT64_DEVICES
+from probes.backends.torch_backend import BACKEND, widest_float
 from probes.core.config import ProbeConfig
 from probes.core.errors import ProbeError
 from probes.grad_probe import csv_format, stats
@@ -214,7 +214,7 @@ class GradMonitor(MonitorBase):
                     if g.layout != torch.strided:
                         g = g.to_dense()
                     xp = xp or self.backend.namespace(g)
-                    dtype = _compute_dtype(g)
+                    dtype = widest_float(g.device)  # B-G5: float64 where the device has it
                     self._compute_dtypes.add(str(dtype).replace("torch.", ""))
                     vec = stats.stat_vector(xp, g, self.bounds, self.histogram, dtype=dtype)
                     payload = g.to(dtype=torch.float32) if self.level == "L0" else g > 0
@@ -232,14 +232,7 @@ class GradMonitor(MonitorBase):
             else:
                 directions.append((csv_format.direction_path(self.dump_path, rank, step, name), data.reshape(shape)))
             records.append(stats.split_stats(name, shape, row, self.bounds, self.histogram, md5))
-        level, bounds, path = self.level, self.bounds, csv_format.summary_csv_path(self.dump_path, rank, step)
-
-        def write() -> None:
-            for where, positive in directions:
-                csv_format.write_direction(where, positive)
-            csv_format.write_summary_csv(path, level, bounds, records)
-
-        self._write_step(step, missing, write)
+        self._write_step(step, rank, missing, records, directions)
 
     def _resolve_rank(self) -> int:
         return int(self.backend.rank())
@@ -280,7 +273,7 @@ def _to_host_packed(items: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tupl
             vec, payload = items[i]
             n_vec, n_pay = vec.numel() * vec.element_size(), payload.numel() * payload.element_size()
             row = np.frombuffer(flat[pos : pos + n_vec], dtype=_NUMPY[vec.dtype]).astype(np.float64).tolist()
-            data = np.frombuffer(flat[pos + n_vec : pos + n_vec + n_pay], dtype=_NUMPY[payload.dtype]).copy()
+            data = np.frombuffer(flat[pos + n_vec : pos + n_vec + n_pay], dtype=_NUMPY[payload.dtype])
             out[i] = (row, data)
             pos += n_vec + n_pay
     return out
@@ -292,11 +285,6 @@ _NUMPY = {torch.float64: "float64", torch.float32: "float32", torch.bool: "bool"
 def _grad_of(p: torch.Tensor) -> torch.Tensor | None:
     g = getattr(p, "main_grad", None)
     return g if g is not None else p.grad
-
-
-def _compute_dtype(g: torch.Tensor) -> torch.dtype:
-    # Ascend NPUs and Apple's MPS have no float64; everything else computes in float64 (B-G5).
-    return torch.float32 if g.device.type in NO_FLOAT64_DEVICES else torch.float64
 
 
 def _as_optimizers(optimizers: Any) -> list[torch.optim.Optimizer]:

@@ -139,6 +139,46 @@ def leaf_figures(xp: Any, dev: Any, ref: Any) -> Any:
     return _combine(xp, parts)
 
 
+# A leaf of one chunk sends its raw reductions [ref.ref, ref.diff, diff.diff, max diff, min diff]
+# and the host finishes the figures (`figures_from_parts`): the same float64 arithmetic as
+# `_finite_chunk`'s, done in Python instead of by six more 0-d device ops per leaf.
+RAW_COUNT = 5
+
+
+def part_count(numel: int) -> int:
+    """How many values `leaf_figure_parts` returns for a leaf of `numel` elements."""
+    return RAW_COUNT if numel <= CHUNK_ELEMENTS else FIGURE_COUNT
+
+
+def leaf_figure_parts(xp: Any, dev: Any, ref: Any) -> list[Any]:
+    """0-d device arrays from which `figures_from_parts` makes a flat leaf's FIGURE_COUNT figures
+    on the host. A caller stacks the parts of every leaf of an op and transfers them at once:
+    online_dispatch runs this for every output of every op, so each device call counts."""
+    if dev.dtype == xp.bool:
+        dev = xp.astype(dev, xp.float64)
+    if dev.shape[0] > CHUNK_ELEMENTS:
+        figs = leaf_figures(xp, dev, ref)
+        return [figs[i] for i in range(FIGURE_COUNT)]
+    diff = xp.astype(dev, xp.float64)  # copy=True: never a view of the user's tensor
+    ref = _f64(xp, ref)
+    diff -= ref
+    return [ref @ ref, ref @ diff, diff @ diff, xp.max(diff), xp.min(diff)]
+
+
+def figures_from_parts(parts: list[float], numel: int) -> list[float]:
+    """The FIGURE_COUNT figures of a leaf from the host copy of its `leaf_figure_parts`, equal to
+    `leaf_figures`' bit for bit (same operations in the same order; max propagates NaN as the
+    device maximum does)."""
+    if numel > CHUNK_ELEMENTS:
+        return list(parts)
+    rr, rd, dd, top, low = parts
+    neg = -low
+    if math.isnan(neg) or (neg > top and not math.isnan(top)):
+        top = neg
+    zero = top * 0.0
+    return [rr + rd, rr + 2.0 * rd + dd, rr, top, zero, zero + float(numel)]
+
+
 def masked_leaf_figures(xp: Any, dev: Any, ref: Any) -> Any:
     """`leaf_figures` for leaves holding inf/NaN (the caller retries with this when a figure of
     the fast path came out non-finite)."""

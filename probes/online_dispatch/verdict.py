@@ -190,8 +190,16 @@ def figures(pairs: list[tuple[torch.Tensor, torch.Tensor]], scaled: bool = True,
     xp = BACKEND.namespace(None)
     n = dm.FIGURE_COUNT
     with torch.no_grad():
-        flat = torch.cat([dm.leaf_figures(xp, d.reshape(-1), r.reshape(-1)) for d, r in pairs]).tolist()
-        out = [flat[i * n : (i + 1) * n] for i in range(len(pairs))]
+        parts: list[torch.Tensor] = []
+        for d, r in pairs:
+            parts += dm.leaf_figure_parts(xp, d.reshape(-1), r.reshape(-1))
+        flat = torch.stack(parts).tolist()
+        out, at = [], 0
+        for d, _r in pairs:
+            numel = d.numel()
+            count = dm.part_count(numel)
+            out.append(dm.figures_from_parts(flat[at : at + count], numel))
+            at += count
         redo = [i for i, f in enumerate(out) if dm.needs_masked_pass(f)]
         if redo:
             vals = torch.cat([dm.masked_leaf_figures(xp, *pairs[i]) for i in redo]).tolist()

@@ -185,6 +185,11 @@ class GoldenStore:
                      f"{shown}/")
         return GoldenOutcome(False, False, "\n".join(lines), details)
 
+    def write(self, name: str, kind: kinds.Kind, snapshot: Any) -> bool:
+        """Write golden `name` of `kind` now (a session-level golden such as the API catalogue's,
+        gathered from many tests); False when content and versions were already the same."""
+        return self._write(name, self.folder(name), kind, snapshot)
+
     def _write(self, name: str, folder: Path, kind: kinds.Kind, snapshot: Any) -> bool:
         """Write content files then meta.json (each atomically, so a reader that sees the new
         meta sees the new content); False when nothing had to change. Other files in the folder

@@ -60,6 +60,7 @@ FINDINGS = {
 EVIDENCE_KEYS = ("csv_files", "dump_paths")
 
 _RED, _BLUE, _DARK_RED = "#c0392b", "#3b6ea8", "#7b1010"
+CATALOGUE = "catalogue"  # the "tool" of a session that ran the API precision catalogue only
 
 
 # --------------------------------------------------------------------------------------------
@@ -74,10 +75,17 @@ def render_html(session: Mapping[str, Any], out_path: str | os.PathLike[str]) ->
     tools appear too when the session carries their data (a merged summary).
     """
     tool = session.get("tool") if isinstance(session, Mapping) else None
-    if tool not in TASKS:
-        raise ConfigError("tool", tool, f"one of {', '.join(TASKS)}",
+    if tool not in TASKS and tool != CATALOGUE:
+        raise ConfigError("tool", tool, f"one of {', '.join(TASKS)} or {CATALOGUE}",
                           hint="render_html takes the summary.json dictionary of a session")
     out = Path(out_path)
+    if tool == CATALOGUE:  # a session without --msprobe-task: the catalogue and/or per-API checks
+        parts = [_catalogue_header(session)]
+        if session.get("api_checks"):
+            parts.append(_api_checks_section(session.get("api_checks")))
+        if session.get("catalogue"):
+            parts.append(_catalogue(session.get("catalogue")))
+        return _write_doc(out, "msprobe report", parts)
     base = out.parent.resolve()
     tests = _mapping(session.get("tests"))
     # what the per-"test" entries are: pytest tests, or the ranks of a merged multi-rank run
@@ -93,15 +101,65 @@ def render_html(session: Mapping[str, Any], out_path: str | os.PathLike[str]) ->
         for key, build in sections[owner]:
             if owner == tool or session.get(key):
                 parts.append(build(_mapping(session.get(key))))
+    if session.get("api_checks"):
+        parts.append(_api_checks_section(session.get("api_checks")))
+    if session.get("catalogue"):
+        parts.append(_catalogue(session.get("catalogue")))
     parts.append(_tests_section(tests, tool, base, unit))
     parts.append(_errors_section(tests, unit))
-    title = f"msprobe report: {tool}"
+    return _write_doc(out, f"msprobe report: {tool}", parts)
+
+
+def _write_doc(out: Path, title: str, parts: list[str]) -> Path:
+    from pytest_msprobe.catalogue.report_section import CSS as CATALOGUE_CSS
+
     doc = (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
-           f"<title>{_e(title)}</title><style>{_CSS}</style></head>\n<body><main>\n"
+           f"<title>{_e(title)}</title><style>{_CSS}{CATALOGUE_CSS}</style></head>\n<body><main>\n"
            + "\n".join(parts) + "\n</main></body></html>\n")
     # atomic: a CI job reading the report never sees half of it; 0644: it is meant to be shared
     return write_text_atomic(out, doc, mode=0o644)
+
+
+def _api_checks_section(results: Any) -> str:
+    """The @pytest.mark.msprobe_api checks: flagged ones first, each with its figure (the failing
+    example's message) and the command that reruns it (Hypothesis then replays the same example)."""
+    entries = [_mapping(r) for r in _list(results)]
+    flagged = sorted((r for r in entries if r.get("flagged")), key=lambda r: (str(r.get("api")), str(r.get("dtype"))))
+    clean = [r for r in entries if not r.get("flagged")]
+    title = "<h2>Per-API checks (@pytest.mark.msprobe_api)</h2>"
+    summary = (f'<p class="{"bad" if flagged else "ok"}">{len(flagged)} of {len(entries)} API \u00d7 dtype \u00d7 mode '
+               "checks flagged; the rest stayed within their thresholds on every example.</p>")
+    parts = [title, summary]
+    if flagged:
+        rows = [(_code(r.get("api")), _e(r.get("dtype")), _e(r.get("pert_mode")), _e(r.get("device")),
+                 f'<span class="bad">{_e(r.get("flagged"))}</span>',
+                 _code(f"pytest '{r.get('test')}'")) for r in flagged[:TABLE_MAX_ROWS]]
+        parts.append(_table(("API", "dtype", "mode", "device", "figure (failing example)", "reproduce"), rows, "wide"))
+        parts.append(_more(len(flagged) - TABLE_MAX_ROWS, "flagged checks"))
+    if clean:
+        listed = ", ".join(_code(f"{r.get('api')} [{r.get('dtype')}, {r.get('pert_mode')}]")
+                           for r in clean[:TABLE_MAX_ROWS])
+        parts.append(f"<details><summary>{len(clean)} checks within their thresholds</summary><p>{listed}</p>"
+                     f"{_more(len(clean) - TABLE_MAX_ROWS, 'checks')}</details>")
+    return '<section id="api-checks">' + "".join(parts) + "</section>"
+
+
+def _catalogue(results: Any) -> str:
+    from pytest_msprobe.catalogue.report_section import catalogue_section
+
+    return catalogue_section(_list(results), _e, _code, _table, _hbar_plot, (_RED, _BLUE))
+
+
+def _catalogue_header(session: Mapping[str, Any]) -> str:
+    date = session.get("date") or _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    versions = _mapping(session.get("versions"))
+    meta = [("date", date), ("device", session.get("device") or "\u2014"),
+            ("versions", ", ".join(f"{k} {v}" for k, v in versions.items()) or "\u2014")]
+    dl = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in meta)
+    label = "API precision catalogue" if session.get("catalogue") else "per-API checks"
+    return (f'<header><h1>msprobe report <span class="tool">{_e(label)}</span></h1>'
+            f'<dl class="meta">{dl}</dl></header>')
 
 
 def find_chromium() -> str | None:
@@ -226,9 +284,9 @@ def _more(n: int, what: str) -> str:
     return f'<p class="muted">\u2026 and {n} more {_e(what)} (all of them are in summary.json).</p>' if n > 0 else ""
 
 
-def _table(header: Sequence[str], rows: Iterable[Sequence[str]], cls: str = "") -> str:
-    """``rows`` hold HTML already escaped by the caller."""
-    head = "".join(f"<th>{_e(h)}</th>" for h in header)
+def _table(header: Sequence[str], rows: Iterable[Sequence[str]], cls: str = "", raw_header: bool = False) -> str:
+    """``rows`` hold HTML already escaped by the caller (``header`` too with ``raw_header``)."""
+    head = "".join(f"<th>{h if raw_header else _e(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
     return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 

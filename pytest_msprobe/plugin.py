@@ -62,6 +62,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("msprobe_simulated_npu", "default for --msprobe-simulated-npu", type="bool", default=False)
 
 
+def options_of(config: pytest.Config) -> MsprobeOptions:
+    """The plugin's validated options of this pytest run."""
+    return config.stash[_OPTIONS_KEY]
+
+
 def _option(config: pytest.Config, name: str) -> Any:
     value = config.getoption(f"--msprobe-{name.replace('_', '-')}")
     if value is None:
@@ -87,6 +92,9 @@ class MsprobeOptions:
         self.dump_given = dump is not None
         self._device: str | None = None
         self.api_results: list[dict[str, Any]] = []  # one per @msprobe_api test that ran
+        self.catalogue_results: list[dict[str, Any]] = []  # one per API precision catalogue test
+        self.catalogue_info: dict[str, Any] | None = None  # the catalogue's files, for the summary
+        self.report: Path | None = None  # report.html of a session without --msprobe-task
         if self.task is not None and self.task not in TASKS:
             raise pytest.UsageError(f"--msprobe-task={self.task!r} is not a task; allowed: {', '.join(TASKS)}")
         if self.task is not None and self.task not in AVAILABLE_TASKS:
@@ -465,13 +473,21 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             workeroutput["msprobe"] = json.dumps(state.results)
         if options is not None and options.api_results:
             workeroutput["msprobe_api"] = json.dumps(options.api_results)
+        if options is not None and options.catalogue_results:
+            workeroutput["msprobe_catalogue"] = json.dumps(options.catalogue_results)
         return
     if options is not None and options.api_results:
         from probes.core.writers import write_json_atomic
 
         write_json_atomic(options.root / "api_checks.json", {"tests": options.api_results})
+    if options is not None and options.catalogue_results:
+        from pytest_msprobe.catalogue.run import finish_session
+
+        options.catalogue_info = finish_session(options)
     if state is not None:
         _write_session_files(state)
+    elif options is not None and (options.catalogue_results or options.api_results):
+        _write_plugin_report(options)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -483,6 +499,8 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
     options: MsprobeOptions | None = node.config.stash.get(_OPTIONS_KEY, None)
     if options is not None and "msprobe_api" in output:
         options.api_results.extend(json.loads(output["msprobe_api"]))
+    if options is not None and "msprobe_catalogue" in output:
+        options.catalogue_results.extend(json.loads(output["msprobe_catalogue"]))
 
 
 def _write_session_files(state: MsprobeSession) -> None:
@@ -506,6 +524,11 @@ def _write_session_files(state: MsprobeSession) -> None:
     similarities = {k: v for _, r in state.results for k, v in r.get("similarities", {}).items()}
     if similarities:
         summary["similarities"] = similarities
+    options: MsprobeOptions = state.config.stash[_OPTIONS_KEY]
+    if options.api_results:
+        summary["api_checks"] = options.api_results
+    if options.catalogue_results:
+        summary["catalogue"] = options.catalogue_results
     write_json_atomic(state.root / "summary.json", summary)
     try:
         from pytest_msprobe.html_report import render_html
@@ -513,6 +536,20 @@ def _write_session_files(state: MsprobeSession) -> None:
         state.report = render_html(summary, state.root / "report.html")
     except Exception as exc:  # the report is a view of summary.json: never fail the session for it
         state.report_error = f"{type(exc).__name__}: {exc}"
+
+
+def _write_plugin_report(options: MsprobeOptions) -> None:
+    """report.html of a session without --msprobe-task that ran the catalogue or per-API checks."""
+    session = {"tool": "catalogue", "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+               "versions": _versions(), "device": options.device, "catalogue": options.catalogue_results,
+               "api_checks": options.api_results}
+    info = options.catalogue_info if options.catalogue_info is not None else {}
+    try:
+        from pytest_msprobe.html_report import render_html
+
+        info["report"] = options.report = render_html(session, options.root / "report.html")
+    except Exception as exc:  # a view of the session's results: never fail the session for it
+        info["report_error"] = f"{type(exc).__name__}: {exc}"
 
 
 def _versions() -> dict[str, str]:
@@ -540,6 +577,12 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     if getattr(config, "workeroutput", None) is not None:
         return
     options: MsprobeOptions | None = config.stash.get(_OPTIONS_KEY, None)
+    if options is not None and options.catalogue_info is not None:
+        from pytest_msprobe.catalogue.summary import catalogue_lines
+
+        terminalreporter.section("msprobe API precision catalogue")
+        for line in catalogue_lines(options.catalogue_results, options.catalogue_info, options.regen_golden):
+            terminalreporter.write_line(line)
     if options is not None and options.api_results:
         from pytest_msprobe.reporting import api_check_lines
 
@@ -547,6 +590,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         for line in api_check_lines(options.api_results):
             terminalreporter.write_line(line)
         terminalreporter.write_line(f"details: {os.fspath(options.root / 'api_checks.json')}")
+        if options.report is not None and options.catalogue_info is None:
+            terminalreporter.write_line(f"report: {os.fspath(options.report)}")
     state: MsprobeSession | None = config.stash.get(_SESSION_KEY, None)
     if state is None:
         return

@@ -390,3 +390,22 @@ def test_calls_inside_optimizer_step_are_left_out_with_the_reason(fb_config):
     with dbg:
         F.linear(x, lin.weight)  # checked again: the failed step's window was closed at stop()
     assert dbg.summary()["apis"]["Functional.linear"]["checked"] == 4
+
+
+@pytest.mark.parametrize("fix", [False, True])
+def test_vector_norm_with_a_dtype_argument_under_improve_precision(fb_config, fix):
+    """vector_norm(bf16 x, dtype=float32): the upcast re-run keeps the dtype argument, the call is
+    checked (not an error), nothing is flagged on a clean kernel, and the output keeps its dtype
+    and value (issue 18)."""
+    x = torch.randn(64, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(0))
+    plain = torch.linalg.vector_norm(x, dtype=torch.float32)
+    dbg = PrecisionDebugger(config=fb_config(pert_mode="improve_precision", handler_type="fix" if fix else "check"))
+    with dbg:
+        y = torch.linalg.vector_norm(x, dtype=torch.float32)
+        z = torch.linalg.vector_norm(x, 2.0, -1, False, dtype=torch.float64)
+    s = dbg.summary()
+    assert s["errors"] == []
+    stats = s["apis"]["Torch.linalg.vector_norm"]
+    assert stats["checked"] == 2 and stats["flagged"] == 0
+    assert y.dtype == torch.float32 and z.dtype == torch.float64
+    assert torch.equal(y, plain)

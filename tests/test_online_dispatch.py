@@ -614,3 +614,31 @@ def test_figures_from_parts_equal_the_device_figures_bit_for_bit(case):
     assert len(parts) == dm.part_count(n)
     got = dm.figures_from_parts(parts, n)
     assert [repr(v) for v in got] == [repr(v) for v in want]
+
+
+def test_api_list_accepts_an_aten_op_this_process_never_touched():
+    """dir(torch.ops.aten) lists only the packets already loaded: validation must not depend on
+    what ran before (issue 18). A fresh interpreter, an op nothing has called."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch\n"
+        "assert '_foreach_addcdiv_' not in dir(torch.ops.aten)\n"
+        "from probes.pytorch.online_dispatch import PtdbgDispatch\n"
+        "import tempfile\n"
+        "d = PtdbgDispatch(dump_mode='list', api_list=['_foreach_addcdiv_', 'native_layer_norm'],"
+        " dump_path=tempfile.mkdtemp())\n"
+        "try:\n"
+        "    PtdbgDispatch(dump_mode='list', api_list=['_foreach_addcdiv'], dump_path=tempfile.mkdtemp())\n"
+        "except Exception as exc:\n"
+        "    print('REJECTED', exc)\n"
+        "try:\n"
+        "    PtdbgDispatch(dump_mode='list', api_list=['not_an_op_at_all'], dump_path=tempfile.mkdtemp())\n"
+        "except Exception as exc:\n"
+        "    print('REJECTED', exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = [line for line in out.stdout.splitlines() if line.startswith("REJECTED")]
+    assert len(lines) == 1 and "not_an_op_at_all" in lines[0] and "an aten op name" in lines[0]

@@ -101,6 +101,12 @@ def test_fail_on_never_reports_and_xdist_merges(suite):
     checks = json.loads((dump / "api_checks.json").read_text())["tests"]
     assert len(checks) == 6  # both workers' results, merged by the controller
     assert [c["api"] for c in checks if c["flagged"]] == ["torch.expm1"]
+    # the report shows them too (issue 18): the flagged one with its figure and how to rerun it
+    page = (dump / "report.html").read_text(encoding="utf-8").replace("<wbr>", "")
+    assert 'id="api-checks"' in page and "1 of 6 API" in page
+    assert "torch.expm1" in page and "&gt; threshold 0.00390625" in page
+    assert "pytest &#x27;test_apis.py::test_expm1[expm1-float16-improve_precision]&#x27;" in page
+    result.stdout.fnmatch_lines(["report: *report.html"])
 
 
 def test_online_dispatch_on_request_catches_a_kernel_defect(pytester):

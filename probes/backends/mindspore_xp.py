@@ -134,14 +134,50 @@ def bitwise_xor(x: Any, y: Any) -> Any:
     return _ops.bitwise_xor(x, y)
 
 
+_warmed = False
+
+
 def warm_up() -> None:
-    """MindSpore 2.x with NumPy 2 fails the first operator of a process once with
-    'numpy.core.multiarray failed to import'; run one throw-away operator so users' first
-    call does not."""
+    """MindSpore 2.x built against NumPy 1 fails the first operator of a process once under NumPy 2
+    ('A module that was compiled using NumPy 1.x cannot be run in NumPy 2...', printed with a
+    traceback by the extension itself, straight to file descriptor 2); every later operator works.
+    Run one throw-away operator with that descriptor pointed at /dev/null, so neither the failure nor
+    its print reaches the user. Installing NumPy < 2 with MindSpore (the `mindspore` extra does)
+    avoids it altogether."""
+    global _warmed
+    if _warmed:
+        return
+    _warmed = True
+    if not _numpy_2():
+        return
+    import os
+    import sys
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # a closed or replaced stream: nothing buffered to lose
+            pass
+    import contextlib
+    import io
+
+    saved = os.dup(2)
     try:
-        _ = Tensor([1.0], dtype=float32) > 0
-    except Exception:  # the expected one-time failure
-        pass
+        with open(os.devnull, "w") as null, contextlib.redirect_stderr(io.StringIO()):
+            os.dup2(null.fileno(), 2)
+            try:
+                _ = Tensor([1.0], dtype=float32) > 0
+            except Exception:  # the expected one-time failure
+                pass
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _numpy_2() -> bool:
+    import numpy
+
+    return int(numpy.__version__.split(".")[0]) >= 2
 
 
 _ = ms  # the namespace keeps mindspore imported for callers that only hold this module

@@ -44,10 +44,29 @@ class DispatchOptions:
                 "rule": self.rule}
 
 
-def _aten_names() -> list[str]:
+def _aten_names() -> set[str]:
+    """Every aten op packet registered with the dispatcher. dir(torch.ops.aten) is not that: it
+    lists only the packets this process has already touched (they load lazily)."""
     import torch
 
-    return [n for n in dir(torch.ops.aten) if not n.startswith("__")]
+    names = {n for n in dir(torch.ops.aten) if not n.startswith("__")}
+    try:
+        registered = torch._C._dispatch_get_all_op_names()
+    except Exception:  # a torch without the private registry listing: fall back to a lazy lookup
+        registered = []
+    names.update(n[len("aten::"):].split(".", 1)[0] for n in registered if n.startswith("aten::"))
+    return names
+
+
+def _is_aten_op(name: str, known: set[str]) -> bool:
+    if name in known:
+        return True
+    import torch
+
+    try:
+        return hasattr(torch.ops.aten, name)  # loads the packet when it exists
+    except Exception:
+        return False
 
 
 def _check_api_list(api_list: Any, dump_mode: str) -> tuple[str, ...]:
@@ -59,9 +78,9 @@ def _check_api_list(api_list: Any, dump_mode: str) -> tuple[str, ...]:
         raise ConfigError("api_list", api_list, 'a non-empty list of aten op names when dump_mode="list"',
                           hint='name the ops to dump, e.g. api_list=["mm"], or use dump_mode="auto"')
     if api_list:
-        known = set(_aten_names())
+        known = _aten_names()
         for name in api_list:
-            if name not in known:
+            if not _is_aten_op(name, known):
                 close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.6)
                 hint = ("did you mean " + " or ".join(f'"{c}"' for c in close) + "?") if close else (
                     "names are aten op packets without overload, as in dir(torch.ops.aten): \"mm\", \"add\", \"add_\"")

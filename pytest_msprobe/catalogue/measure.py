@@ -1,0 +1,364 @@
+"""Measure one catalogue case: ulp errors against a float64 CPU reference, and free_benchmark's verdict.
+
+For each of the case's sample inputs (made on the CPU in the case's dtype, so every value is
+exact in it, then moved to the device under test):
+
+* the API runs on the device, through its public name looked up at call time (a probe or a
+  seeded defect patched onto the name is what runs);
+* the same API runs on the CPU on the inputs raised to float64 (or complex128): the reference;
+* every floating output leaf is brought to the host once and scored in ulps of its dtype
+  (probes.core.ulps: zeros, subnormals and cancellation are treated there).
+
+Then the samples run again on the device under free_benchmark with pert_mode improve_precision
+and `list` set to the API alone: the verdict is "pass" (checked, nothing flagged), "flagged",
+"not checked" (with the probe's reason) or "n/a" (the probe never re-runs this API, or the rule
+cannot judge this dtype).
+
+On the CPU the measurement runs with one intra-op thread: a reduction's order, and so its last
+bits, then depend on neither the machine's core count nor pytest-xdist, and goldens compare.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import tempfile
+import warnings
+import zlib
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from probes.core.ulps import ULP_DTYPES, UlpSummary, ulp_errors
+from pytest_msprobe.catalogue.cases import SAMPLES, CatalogueCase
+
+PASS, FLAGGED, NOT_CHECKED, NOT_APPLICABLE = "pass", "flagged", "not checked", "n/a"
+
+
+@dataclass
+class CatalogueResult:
+    """One API x dtype on one device: the catalogue.csv row before the golden's status is added."""
+
+    api: str
+    dtype: str
+    device: str
+    source: str
+    samples: int  # samples measured (device and reference both ran)
+    elements: int
+    max_ulp: float
+    p99_ulp: float
+    verdict: str  # free_benchmark improve_precision: pass / flagged / not checked / n/a
+    verdict_detail: str = ""
+    error: str = ""  # the device run raised on every sample (the API is broken there)
+    status: str = ""  # set by the gate: ok, regressed, newly flagged, ...
+    message: str = ""
+    golden_max_ulp: float | None = None
+    golden_p99_ulp: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class NothingToMeasure(Exception):
+    """The case has no floating output, or no sample the reference could run: a skipped test."""
+
+
+# samples ----------------------------------------------------------------------------------------
+def _seed(case: CatalogueCase) -> int:
+    return zlib.crc32(f"{case.ref}|{case.dtype}".encode())
+
+
+@functools.lru_cache(maxsize=1)
+def _opinfo_entries() -> dict[str, Any]:
+    from pytest_msprobe.catalogue.opinfo_ops import build_corpus
+
+    entries, _ = build_corpus()
+    return {e.name: e for e in entries}
+
+
+# Reductions and products are also measured once at a realistic length: accumulation errors (a
+# half-precision running sum, reduced-precision products) grow with the number of terms and hide
+# in the few-element samples that test suites use. API table form -> first input's shape.
+LONG_SHAPES = {"reduce": (4, 1024), "unary_dim": (4, 1024), "matmul": (16, 1024), "linear": (16, 1024),
+               "addmm": (16, 1024), "bmm": (2, 16, 1024)}
+
+
+def torch_samples(case: CatalogueCase, count: int = SAMPLES) -> list[tuple[Callable[..., Any], Any, tuple, dict]]:
+    """(call, inp, args, kwargs) per sample, inputs on the CPU in the case's dtype; `call(inp,
+    args, kwargs)` runs the API through its public name, looked up at call time."""
+    import torch
+
+    torch.manual_seed(_seed(case))
+    dtype = getattr(torch, case.dtype)
+    if case.source == "npu":
+        from pytest_msprobe.catalogue import npu_ops
+
+        run = npu_ops.call(case.ref)
+        return [(run, *s) for s in npu_ops.samples(case.ref, dtype, count)]
+    if case.source == "opinfo":
+        entry = _opinfo_entries()[case.ref]
+        samples: list[tuple[Callable[..., Any], Any, tuple, dict]] = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for s in entry.opinfo.sample_inputs("cpu", dtype, requires_grad=False):
+                samples.append((entry.call, s.input, tuple(s.args), dict(s.kwargs)))
+                if len(samples) >= count:
+                    break
+        return samples + _long_sample(case, case.key)
+    from pytest_msprobe.strategies import api_inputs
+
+    drawn = draw_examples(api_inputs(case.ref, case.dtype), count + 1, _seed(case))[1:]  # not the all-zero first
+    return [(_public(case.ref), args[0], tuple(args[1:]), kwargs) for args, kwargs in drawn] + _long_sample(
+        case, case.ref)
+
+
+def _public(name: str) -> Callable[..., Any]:
+    from pytest_msprobe.api_inputs import resolve_api
+
+    def call(inp: Any, args: tuple, kwargs: dict) -> Any:
+        return resolve_api(name)(inp, *args, **kwargs)
+
+    return call
+
+
+def _long_sample(case: CatalogueCase, name: str) -> list[tuple[Callable[..., Any], Any, tuple, dict]]:
+    """The long sample of an API of the table whose form accumulates (LONG_SHAPES), else []."""
+    from probes.core.errors import ConfigError
+    from pytest_msprobe.api_inputs import api_spec
+    from pytest_msprobe.strategies import api_inputs
+
+    try:
+        row = api_spec(name)
+    except ConfigError:
+        return []
+    shape = LONG_SHAPES.get(row.form)
+    if shape is None or not row.rank[0] <= len(shape) <= row.rank[1]:
+        return []
+    (args, kwargs), = draw_examples(api_inputs(row.name, case.dtype, shapes=shape), 3, _seed(case) + 1)[-1:]
+    args = _spread(args, row, _seed(case))
+    return [(_public(row.name), args[0], tuple(args[1:]), kwargs)]
+
+
+def _spread(args: tuple, row: Any, seed: int) -> tuple:
+    """The drawn structure (shapes, dims, flags) with every float input refilled by seeded values
+    spread over its domain: Hypothesis favours special values (repeats, tiny ones), and an
+    accumulation error shows on typical ones."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    out, position = [], 0
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.is_floating_point():
+            domain = row.domain(position)
+            position += 1
+            u = torch.rand(a.shape, generator=gen, dtype=torch.float64)
+            values = domain.lo + (domain.hi - domain.lo) * u
+            if domain.symmetric:
+                values = torch.where(torch.rand(a.shape, generator=gen) < 0.5, -values, values)
+            a = values.to(a.dtype)
+        out.append(a)
+    return tuple(out)
+
+
+def draw_examples(strategy: Any, count: int, seed: int) -> list[Any]:
+    """`count` examples of a Hypothesis strategy, the same ones on every run (seeded generation,
+    no database, no shrinking): the catalogue compares runs, so its inputs must not move.
+    Hypothesis starts from the simplest example (all zeros): callers skip it."""
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as hseed
+
+    out: list[Any] = []
+
+    @hseed(seed)
+    @settings(max_examples=count, database=None, deadline=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(strategy)
+    def collect(example: Any) -> None:
+        if len(out) < count:
+            out.append(example)
+
+    collect()
+    return out
+
+
+# measuring ------------------------------------------------------------------------------------
+@contextmanager
+def _single_thread(device: str) -> Iterator[None]:
+    import torch
+
+    if device != "cpu":
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _float_leaves(tree: Any) -> dict[tuple, Any]:
+    import torch
+
+    from probes.core.trees import iter_leaves
+
+    out = {}
+    for path, leaf in iter_leaves(tree):
+        if isinstance(leaf, torch.Tensor) and (leaf.is_floating_point() or leaf.is_complex()):
+            out[path] = leaf
+    return out
+
+
+def _dtype_name(t: Any) -> str | None:
+    import torch
+
+    if t.is_complex():
+        return {torch.complex32: "float16", torch.complex64: "float32", torch.complex128: "float64"}.get(t.dtype)
+    name = str(t.dtype).replace("torch.", "")
+    return name if name in ULP_DTYPES else None
+
+
+def _host(t: Any) -> np.ndarray:
+    import torch
+
+    t = t.detach()
+    if t.layout != torch.strided:
+        t = t.to_dense()
+    if t.is_complex():
+        t = torch.view_as_real(t.resolve_conj())
+    return t.to("cpu", torch.float64).numpy()
+
+
+def sample_errors(out: Any, ref: Any) -> list[np.ndarray]:
+    """ulp errors of every floating output leaf of one sample against its reference leaf."""
+    errors = []
+    refs = _float_leaves(ref)
+    for path, leaf in _float_leaves(out).items():
+        r = refs.get(path)
+        name = _dtype_name(leaf)
+        if r is None or name is None or tuple(r.shape) != tuple(leaf.shape):
+            continue
+        errors.append(ulp_errors(_host(leaf), _host(r), name).reshape(-1))
+    return errors
+
+
+def _to_device(tree: Any, device: str) -> Any:
+    import torch
+
+    from probes.core.trees import tree_map
+
+    if device == "cpu":
+        return tree
+    return tree_map(lambda x: x.to(device) if isinstance(x, torch.Tensor) else x, tree)
+
+
+def measure_torch(case: CatalogueCase, device: str, probe_config: Any = None, samples: int = SAMPLES,
+                  verdict: bool = True) -> CatalogueResult:
+    """Measure a PyTorch case (module docstring); NothingToMeasure when there is nothing to score."""
+    from probes.core.trees import tree_map
+    from pytest_msprobe.catalogue.opinfo_ops import copy_tree, upcast
+
+    with _single_thread(device):
+        inputs = torch_samples(case, samples)
+        errors: list[np.ndarray] = []
+        measured, failures, ref_failures = 0, [], []
+        for call, inp, args, kwargs in inputs:
+            ref_in = tree_map(upcast, copy_tree((inp, args, kwargs)))
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    ref = call(*ref_in)
+            except Exception as exc:
+                ref_failures.append(f"{type(exc).__name__}: {_first_line(exc)}")
+                continue
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    out = call(*_to_device(copy_tree((inp, args, kwargs)), device))
+            except Exception as exc:
+                failures.append(f"{type(exc).__name__}: {_first_line(exc)}")
+                continue
+            leaf_errors = sample_errors(out, ref)
+            if leaf_errors:
+                measured += 1
+                errors += leaf_errors
+        if not measured and not failures:
+            why = ref_failures[0] if ref_failures else "no floating-point output"
+            raise NothingToMeasure(f"{case.api} ({case.dtype}): nothing to measure: {why}")
+        summary = UlpSummary.of(errors)
+        result = CatalogueResult(case.api, case.dtype, device, case.source, measured, summary.elements,
+                                 summary.max_ulp, summary.p99_ulp, NOT_APPLICABLE)
+        if failures and not measured:
+            result.error = failures[0]
+        if verdict and measured:
+            result.verdict, result.verdict_detail = free_benchmark_verdict(case, device, inputs, probe_config)
+    return result
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else ""
+
+
+def free_benchmark_verdict(case: CatalogueCase, device: str, inputs: list[tuple],
+                           probe_config: Any = None) -> tuple[str, str]:
+    """Run the samples on the device under free_benchmark improve_precision, `list` = the API."""
+    from probes.pytorch import PrecisionDebugger
+    from pytest_msprobe.catalogue.opinfo_ops import copy_tree
+
+    if case.exclusion:
+        return NOT_APPLICABLE, f"free_benchmark never re-runs {case.key}: {case.exclusion}"
+    with tempfile.TemporaryDirectory(prefix="msprobe-catalogue-") as tmp:
+        if probe_config is None:
+            from probes.core.config import load_config
+
+            probe_config = load_config(None, task="free_benchmark", dump_path=tmp, overrides={
+                "pert_mode": "improve_precision", "list": [case.key], "rule": "scaled"})
+        if case.dtype == "float32" and probe_config.free_benchmark.rule == "reference":
+            return NOT_APPLICABLE, "msprobe's ratio rule has nothing to upcast in float32 (--msprobe-rule=scaled does)"
+        debugger = PrecisionDebugger(config=probe_config)
+        debugger.start()
+        try:
+            for call, inp, args, kwargs in inputs:
+                try:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        call(*_to_device(copy_tree((inp, args, kwargs)), device))
+                except Exception:  # noqa: S112 - the device run's own failure is reported by the measurement
+                    continue
+        finally:
+            debugger.stop()
+        summary = debugger.summary()
+    return summary_verdict(case.key, summary)
+
+
+def summary_verdict(key: str, summary: dict[str, Any]) -> tuple[str, str]:
+    """(verdict, detail) of API `key` from a free_benchmark summary (both frameworks' probes)."""
+    stats = summary.get("apis", {}).get(key, {})
+    checked, flagged = int(stats.get("checked", 0) or 0), int(stats.get("flagged", 0) or 0)
+    if flagged:
+        worst = stats.get("worst_max_rel")
+        return FLAGGED, f"{flagged} of {checked} calls flagged (worst {_short(worst)} > {_short(stats.get('threshold'))})"
+    if checked:
+        return PASS, f"{checked} calls checked"
+    reasons = [r for r, apis in summary.get("not_checked", {}).items() if key in apis]
+    errors = [e.get("error", "") for e in summary.get("errors", [])]
+    return NOT_CHECKED, "; ".join(reasons + errors)[:200] or f"{key} was not called through its public name"
+
+
+def _short(v: Any) -> str:
+    if isinstance(v, float) and math.isfinite(v):
+        return f"{v:.3g}"
+    return str(v)
+
+
+def measure(case: CatalogueCase, device: str, probe_config: Any = None, samples: int = SAMPLES) -> CatalogueResult:
+    if case.framework == "mindspore":
+        from pytest_msprobe.catalogue.mindspore_ops import measure_mindspore
+
+        return measure_mindspore(case, samples)
+    return measure_torch(case, device, probe_config, samples)
+
+

@@ -1,0 +1,72 @@
+"""One catalogue test as the plugin runs it, and the session's catalogue files.
+
+A test measures its case on the device under test (--msprobe-device), judges it against the
+device golden under ``<rootdir>/golden`` and records the row; the controller (the only writer,
+also under pytest-xdist) writes ``catalogue.csv``, the report section and, with
+--msprobe-regen-golden, the golden, at the end of the session.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_msprobe.catalogue import gate
+from pytest_msprobe.catalogue.cases import CatalogueCase
+
+
+def run_case(case: CatalogueCase, item: pytest.Item) -> None:
+    from pytest_msprobe.catalogue.measure import NothingToMeasure, measure
+    from pytest_msprobe.golden_checks import store_for
+    from pytest_msprobe.plugin import options_of, test_dump_path
+
+    options = options_of(item.config)
+    device = options.device if case.framework == "torch" else "cpu"
+    row: dict[str, Any] = {"api": case.api, "dtype": case.dtype, "device": device, "source": case.source,
+                           "samples": 0, "elements": 0, "max_ulp": None, "p99_ulp": None, "verdict": "",
+                           "status": gate.SKIPPED, "message": ""}
+    skip = case.skip if device == "cpu" else None
+    if case.source == "npu" and device != "npu":
+        skip = f"{case.api} runs on an NPU: --msprobe-device=npu (or --msprobe-simulated-npu)"
+    if skip:
+        row["message"] = skip
+        options.catalogue_results.append(row)
+        pytest.skip(skip)
+    dump = test_dump_path(options.root, item.nodeid)
+    probe_config = None
+    if case.framework == "torch":
+        probe_config = options.probe_config("free_benchmark", dump, {"pert_mode": "improve_precision",
+                                                                     "list": [case.key]})
+    try:
+        result = measure(case, device, probe_config).to_dict()
+    except NothingToMeasure as exc:
+        row["message"] = str(exc)
+        options.catalogue_results.append(row)
+        pytest.skip(str(exc))
+    store = store_for(options)
+    gate.judge(result, gate.golden_rows(store.root, device), options.regen_golden)
+    options.catalogue_results.append(result)
+    if result["status"] == gate.SKIPPED:
+        pytest.skip(result["message"])
+    if gate.failing(result) and options.fail_on == "risk":
+        pytest.fail(result["message"], pytrace=False)
+
+
+def finish_session(options: Any) -> dict[str, Any]:
+    """catalogue.csv (and the golden when regenerating); what the terminal summary prints."""
+    from pytest_msprobe.golden_checks import store_for
+
+    results = options.catalogue_results
+    info: dict[str, Any] = {"csv": gate.write_csv(Path(options.root) / gate.CSV_FILE, results)}
+    if options.regen_golden:
+        store = store_for(options)
+        by_device: dict[str, list[dict[str, Any]]] = {}
+        for r in results:
+            by_device.setdefault(r["device"], []).append(r)
+        info["golden"] = {}
+        for device, rows in by_device.items():
+            changed = gate.write_golden(store, device, rows)
+            info["golden"][device] = (store.folder(gate.golden_name(device)), changed)
+    return info

@@ -8,6 +8,10 @@ Subcommands:
   parameters and the summary per step. Exit status: 0 clean, 1 when the 0.97/0.03 rule flags
   anything or something could not be compared (a rank, step set or parameter present in one run
   only, shape/dtype mismatch), 2 on usage errors.
+* ``summary DIR [--csv OUT]``: what a dump directory holds, read by :func:`probes.results.load`
+  (the DataFrames a notebook gets): per table its rows, tests, ranks and steps, and the findings
+  (inconsistent APIs, failing ops, lowest gradient similarities, worst catalogue APIs). ``--csv``
+  writes every non-empty table to OUT/<table>.csv. Exit status 0, 2 on usage errors.
 """
 
 from __future__ import annotations
@@ -98,6 +102,70 @@ def _grad_compare(args: argparse.Namespace) -> int:
     return EXIT_OK if clean else EXIT_FLAGGED
 
 
+def _summary(args: argparse.Namespace) -> int:
+    from probes.core.errors import ConfigError
+    from probes.results import load
+
+    try:
+        res = load(args.dir)
+    except ConfigError as exc:
+        print(f"summary: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    out = sys.stdout
+    print(f"{res.root}", file=out)
+    for name, frame in res.tables().items():
+        if not len(frame):
+            continue
+        facets = [f"{len(frame)} rows"]
+        for column in ("test", "rank", "step"):
+            if column in frame.columns:
+                values = frame[column].dropna()
+                values = values[values != ""] if column == "test" else values
+                if len(values):
+                    facets.append(f"{values.nunique()} {column}{'s' if values.nunique() != 1 else ''}")
+        print(f"  {name}: {', '.join(facets)}", file=out)
+        for line in _findings(name, frame):
+            print(f"    {line}", file=out)
+    if not any(len(f) for f in res.tables().values()):
+        print("  no probe results found (free_benchmark.csv, grad_summary_*.csv, compare_result_rank*.csv, "
+              "similarities.csv, catalogue.csv)", file=out)
+    if args.csv:
+        target = Path(args.csv)
+        target.mkdir(parents=True, exist_ok=True)
+        for name, frame in res.tables().items():
+            if len(frame):
+                frame.to_csv(target / f"{name}.csv", index=False)
+        print(f"tables: {target}", file=out)
+    return EXIT_OK
+
+
+def _findings(name: str, frame) -> list[str]:  # noqa: ANN001 - a pandas DataFrame
+    """A few lines per table: what to look at first."""
+    if name == "free_benchmark":
+        api = frame["api_name"].str.rsplit(".", n=2).str[0]
+        top = frame.assign(api=api).groupby("api")["max_rel"].agg(["count", "max"]).sort_values("max", ascending=False)
+        return [f"{a}: {int(r['count'])} inconsistent outputs, worst max_rel {r['max']:.4g}"
+                for a, r in top.head(MAX_LINES // 2).iterrows()]
+    if name == "online_dispatch" and "Accuracy Reached or Not" in frame.columns:
+        failing = frame[frame["Accuracy Reached or Not"].isin(["No", "Unmatched"])]
+        lines = [f"{len(failing)} failing output leaves"]
+        for _, r in failing.head(MAX_LINES // 2).iterrows():
+            lines.append(f"{r.get('NPU Name', '')}: Cosine {r.get('Cosine', '')}, MaxAbsErr {r.get('MaxAbsErr', '')}")
+        return lines
+    if name == "grad_similarities":
+        low = frame[frame["param"] != "summary"].sort_values("similarity").head(5)
+        return [f"lowest: {r['param']} at step {r['step']}: {r['similarity']:.4f}" for _, r in low.iterrows()]
+    if name == "catalogue":
+        counts = frame["status"].value_counts().to_dict()
+        worst = frame.sort_values("max_ulp", ascending=False).head(5)
+        return [", ".join(f"{v} {k}" for k, v in counts.items())] + [
+            f"{r['api']} {r['dtype']}: max {r['max_ulp']:.4g} ulp, p99 {r['p99_ulp']:.4g} ({r['status']})"
+            for _, r in worst.iterrows()]
+    if name == "grad_stats":
+        return [f"{frame['param'].nunique()} parameters, statistics: {', '.join(sorted(frame['stat'].unique())[:8])}"]
+    return []
+
+
 def build_parser() -> argparse.ArgumentParser:
     from probes.grad_probe.direction_rule import FIRST_STEP_MIN, MAX_DROP
 
@@ -116,6 +184,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"flag a drop larger than this from the previous compared step (default {MAX_DROP})")
     gc.add_argument("--no-plots", action="store_true", help="do not write similarities_picture/*.png")
     gc.set_defaults(func=_grad_compare)
+    sm = sub.add_parser("summary", help="what a dump directory holds (the tables of probes.results.load)",
+                        description="Read every probe result under DIR (probes.results.load) and print its tables "
+                                    "and findings.")
+    sm.add_argument("dir", metavar="DIR", help="a dump_path, a multi-rank dump, or a pytest session's .msprobe/")
+    sm.add_argument("--csv", metavar="OUT", default=None, help="also write each table to OUT/<table>.csv")
+    sm.set_defaults(func=_summary)
     return parser
 
 

@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import hashlib
 import inspect
 import json
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -249,11 +247,11 @@ def _runs_own_probes(item: pytest.Item) -> bool:
 
 
 def test_dump_path(root: Path, nodeid: str) -> Path:
-    """`{root}/tests/<nodeid made safe>`: one folder per test, so xdist workers never share a file."""
-    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid).strip("_")
-    if len(safe) > 120:
-        safe = safe[:100] + "_" + hashlib.sha1(nodeid.encode()).hexdigest()[:10]
-    return root / "tests" / safe
+    """`{root}/tests/<nodeid made safe>`: one folder per test, so xdist workers never share a file
+    (probes.results maps the folder back to the node id)."""
+    from probes.results import folder_of_test
+
+    return root / "tests" / folder_of_test(nodeid)
 
 
 def _framework_of(item: pytest.Item) -> str | None:

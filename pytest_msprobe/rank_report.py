@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 from pathlib import Path
 from typing import Any
 
@@ -29,31 +28,17 @@ REPORT_NAME = "report_merged.html"
 TABLE_KEY = {"free_benchmark": "apis", "grad_probe": "params", "online_dispatch": "ops"}
 STATUS_CLEAN, STATUS_FLAGGED, STATUS_NOT_SELECTED, STATUS_MISSING = "clean", "flagged", "not selected", "missing"
 
-_FB_RE = re.compile(r"^summary_rank(\d+)\.json$")
-_GP_RE = re.compile(r"^rank(\d+)$")
-_OD_RE = re.compile(r"^msprobe(?:_.+)?_rank(\d+)_\d+$")
 
 
 def rank_summaries(dump_path: str | os.PathLike[str], tool: str | None = None) -> tuple[str, dict[int, list[Path]]]:
     """The tool of a dump and its per-rank summary files (rank -> files; online_dispatch may have
     several runs per rank). ``tool`` None: found from the files."""
+    from probes.results import rank_summary_files
+
     root = Path(dump_path)
     if tool is not None and tool not in TASKS:
         raise ConfigError("tool", tool, f"one of {', '.join(TASKS)}")
-    found: dict[str, dict[int, list[Path]]] = {t: {} for t in TASKS}
-    if root.is_dir():
-        for p in sorted(root.iterdir()):
-            m = _FB_RE.match(p.name)
-            if m and p.is_file():
-                found["free_benchmark"].setdefault(int(m.group(1)), []).append(p)
-            elif p.name == "summary.json" and _tool_of(p) == "free_benchmark":  # a one-process run: rank 0
-                found["free_benchmark"].setdefault(0, []).append(p)
-            m = _GP_RE.match(p.name)
-            if m and (p / "summary.json").is_file():
-                found["grad_probe"].setdefault(int(m.group(1)), []).append(p / "summary.json")
-            m = _OD_RE.match(p.name)
-            if m and (p / "summary.json").is_file():
-                found["online_dispatch"].setdefault(int(m.group(1)), []).append(p / "summary.json")
+    found = rank_summary_files(root)
     if tool is None:
         present = [t for t in TASKS if found[t]]
         if len(present) != 1:
@@ -134,13 +119,6 @@ def describe(merged: dict[str, Any]) -> str:
 def _finding_text(f: dict[str, Any]) -> str:
     step = "" if f["step"] is None else f" at step {f['step']}"
     return f"{f['what']}{step} ({f['figure_text']}; evidence {f['evidence']})"
-
-
-def _tool_of(path: Path) -> str | None:
-    try:
-        return json.loads(path.read_text(encoding="utf-8")).get("tool")
-    except (OSError, ValueError, AttributeError):
-        return None
 
 
 def _selected(config: dict[str, Any], rank: int) -> bool:

@@ -1,0 +1,259 @@
+"""Every probe's results as pandas DataFrames: ``from probes.results import load``.
+
+People analyse dumps in notebooks; this reads any dump directory (a training script's dump_path,
+a multi-rank dump, a pytest session's ``.msprobe/``, or anything holding them) into tidy tables,
+one row per observation, with the step / rank / test a row came from as columns:
+
+    res = load("./dump")
+    res.free_benchmark        # every free_benchmark.csv: rank, pert_mode, stage, step, api_name, max_rel, ...
+    res.grad_stats            # grad_probe statistics, long: test, rank, step, param, shape, md5, stat, value
+    res.grad_similarities     # grad-compare's similarities.csv, long: test, rank, param, step, similarity
+    res.online_dispatch       # every compare_result_rank*.csv: test, rank, run, the CSV's columns (as
+                              # written) and Cosine_value / MaxAbsErr_value / MaxRelativeErr_value
+    res.catalogue             # the API precision catalogue's catalogue.csv
+    res.summaries             # the summary JSON files, by path relative to the root
+
+The ``test`` column is the pytest node id of the test whose folder a file is in (the plugin keeps
+one folder per test under ``tests/``), empty outside a pytest session. A table a dump does not
+hold is an empty DataFrame with its columns, so code written for one dump runs on another.
+Numbers come back as floats (CSV cells such as "nan", "inf" or verdict words like
+"nan_mismatch" in free_benchmark's max_rel stay readable: non-numeric cells become NaN in the
+numeric column and are kept as text in ``max_rel_text``).
+
+The file finding here is also what the multi-rank report (pytest_msprobe.rank_report) and the
+command line (``python -m probes summary DIR``) use. pandas is imported on the first load.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+FREE_BENCHMARK_CSV = "free_benchmark.csv"
+CATALOGUE_CSV = "catalogue.csv"
+SIMILARITIES_CSV = "similarities.csv"
+_GRAD_SUMMARY = re.compile(r"^grad_summary_(\d+)\.csv$")
+_RANK_DIR = re.compile(r"^rank(\d+)$")
+_OD_CSV = re.compile(r"^compare_result_rank(\d+)_.*\.csv$")
+_FB_RANK_SUMMARY = re.compile(r"^summary_rank(\d+)\.json$")
+_OD_RUN_DIR = re.compile(r"^msprobe(?:_.+)?_rank(\d+)_\d+$")
+TOOLS = ("free_benchmark", "grad_probe", "online_dispatch")
+
+GRAD_STATS_COLUMNS = ["test", "rank", "step", "param", "shape", "md5", "stat", "value"]
+SIMILARITY_COLUMNS = ["test", "rank", "param", "step", "similarity"]
+
+
+def folder_of_test(nodeid: str) -> str:
+    """The folder the pytest plugin gives a test under ``{root}/tests/``: the node id made safe
+    for a file name (long ones shortened with a hash, so xdist workers never share a folder)."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid).strip("_")
+    if len(safe) > 120:
+        safe = safe[:100] + "_" + hashlib.sha1(nodeid.encode()).hexdigest()[:10]
+    return safe
+
+
+# finding files ------------------------------------------------------------------------------------
+def rank_summary_files(root: str | os.PathLike[str]) -> dict[str, dict[int, list[Path]]]:
+    """Per tool, the per-rank summary files directly under a dump root (rank -> files, sorted):
+    free_benchmark ``summary_rank{R}.json`` (``summary.json`` of a one-process run: rank 0),
+    grad_probe ``rank{R}/summary.json``, online_dispatch ``msprobe[_tag]_rank{R}_{ts}/summary.json``."""
+    root = Path(root)
+    found: dict[str, dict[int, list[Path]]] = {t: {} for t in TOOLS}
+    if not root.is_dir():
+        return found
+    for p in sorted(root.iterdir()):
+        m = _FB_RANK_SUMMARY.match(p.name)
+        if m and p.is_file():
+            found["free_benchmark"].setdefault(int(m.group(1)), []).append(p)
+        elif p.name == "summary.json" and p.is_file() and _json_tool(p) == "free_benchmark":
+            found["free_benchmark"].setdefault(0, []).append(p)
+        m = _RANK_DIR.match(p.name)
+        if m and (p / "summary.json").is_file():
+            found["grad_probe"].setdefault(int(m.group(1)), []).append(p / "summary.json")
+        m = _OD_RUN_DIR.match(p.name)
+        if m and (p / "summary.json").is_file():
+            found["online_dispatch"].setdefault(int(m.group(1)), []).append(p / "summary.json")
+    return found
+
+
+def _json_tool(path: Path) -> str | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8")).get("tool")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _rank_from_parts(parts: tuple[str, ...]) -> int | None:
+    for part in reversed(parts):
+        m = _RANK_DIR.match(part)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def _read_rows(path: Path) -> list[list[str]]:
+    with open(path, encoding="utf-8-sig", newline="") as fh:
+        return list(csv.reader(fh))
+
+
+def _float(cell: Any) -> float:
+    try:
+        return float(cell)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+# the tables ---------------------------------------------------------------------------------------
+@dataclass
+class Results:
+    """The DataFrames of one dump root (module docstring)."""
+
+    root: Path
+    free_benchmark: Any
+    grad_stats: Any
+    grad_similarities: Any
+    online_dispatch: Any
+    catalogue: Any
+    summaries: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def tables(self) -> dict[str, Any]:
+        return {"free_benchmark": self.free_benchmark, "grad_stats": self.grad_stats,
+                "grad_similarities": self.grad_similarities, "online_dispatch": self.online_dispatch,
+                "catalogue": self.catalogue}
+
+
+class _Tests:
+    """Maps a file to the pytest test whose folder holds it (via the session's summary.json)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.names: dict[str, str] = {}
+        for summary in [root / "summary.json", root / "api_checks.json"]:
+            try:
+                data = json.loads(summary.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            tests = data.get("tests") if isinstance(data, dict) else None
+            ids = tests.keys() if isinstance(tests, dict) else [t.get("test") for t in tests or [] if isinstance(t, dict)]
+            self.names.update({folder_of_test(str(n)): str(n) for n in ids if n})
+
+    def of(self, path: Path) -> str:
+        parts = path.relative_to(self.root).parts
+        for i, part in enumerate(parts[:-1]):
+            if part == "tests" and i + 1 < len(parts) - 1:
+                return self.names.get(parts[i + 1], parts[i + 1])
+        return ""
+
+
+def load(path: str | os.PathLike[str]) -> Results:
+    """Read every probe result under `path` into DataFrames (module docstring)."""
+    import pandas as pd
+
+    root = Path(path)
+    if not root.is_dir():
+        from probes.core.errors import ConfigError
+
+        raise ConfigError("path", str(path), "a directory holding probe results (a dump_path, or .msprobe/ of a "
+                          "pytest session)")
+    tests = _Tests(root)
+    fb, grad, sims, od, cat, summaries = [], [], [], [], [], {}
+    for p in sorted(root.rglob("*")):
+        if not p.is_file():
+            continue
+        name = p.name
+        parts = p.relative_to(root).parts
+        if name == FREE_BENCHMARK_CSV:
+            fb.append(_free_benchmark_frame(pd, p, tests.of(p)))
+        elif _GRAD_SUMMARY.match(name):
+            grad.append(_grad_frame(pd, p, tests.of(p), _rank_from_parts(parts[:-1]),
+                                    int(_GRAD_SUMMARY.match(name).group(1))))
+        elif name == SIMILARITIES_CSV:
+            sims.append(_similarity_frame(pd, p, tests.of(p), _rank_from_parts(parts[:-1])))
+        elif _OD_CSV.match(name):
+            od.append(_online_dispatch_frame(pd, p, tests.of(p), int(_OD_CSV.match(name).group(1))))
+        elif name == CATALOGUE_CSV:
+            frame = pd.read_csv(p, keep_default_na=False)
+            if "max_ulp" in frame.columns:
+                for column in ("max_ulp", "p99_ulp", "golden_max_ulp", "golden_p99_ulp"):
+                    frame[column] = frame[column].map(_float)
+                cat.append(frame)
+        elif name.endswith(".json") and (name.startswith("summary") or name == "api_checks.json"):
+            try:
+                summaries[p.relative_to(root).as_posix()] = json.loads(p.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+    from probes.core.records import FREE_BENCHMARK_COLUMNS
+
+    return Results(
+        root=root,
+        free_benchmark=_concat(pd, fb, ["test", *FREE_BENCHMARK_COLUMNS, "max_rel_text"]),
+        grad_stats=_concat(pd, grad, GRAD_STATS_COLUMNS),
+        grad_similarities=_concat(pd, sims, SIMILARITY_COLUMNS),
+        online_dispatch=_concat(pd, od, ["test", "rank", "run"]),
+        catalogue=_concat(pd, cat, []),
+        summaries=summaries,
+    )
+
+
+def _concat(pd: Any, frames: list[Any], columns: list[str]) -> Any:
+    frames = [f for f in frames if len(f)]
+    if not frames:
+        return pd.DataFrame(columns=columns)
+    return pd.concat(frames, ignore_index=True)
+
+
+def _free_benchmark_frame(pd: Any, path: Path, test: str) -> Any:
+    frame = pd.read_csv(path, dtype=str, keep_default_na=False, encoding="utf-8-sig")
+    frame.insert(0, "test", test)
+    frame["max_rel_text"] = frame.get("max_rel", "")
+    for column in ("rank", "step", "output_index"):
+        if column in frame.columns:
+            frame[column] = pd.to_numeric(frame[column], errors="coerce").astype("Int64")
+    if "max_rel" in frame.columns:
+        frame["max_rel"] = frame["max_rel"].map(_float)
+    return frame
+
+
+def _grad_frame(pd: Any, path: Path, test: str, rank: int | None, step: int) -> Any:
+    rows = _read_rows(path)
+    if not rows:
+        return pd.DataFrame(columns=GRAD_STATS_COLUMNS)
+    header, body = rows[0], rows[1:]
+    stats = [c for c in header if c not in ("param_name", "MD5", "shape")]
+    records = []
+    for row in body:
+        cells = dict(zip(header, row))
+        for stat in stats:
+            records.append((test, rank, step, cells.get("param_name", ""), cells.get("shape", ""),
+                            cells.get("MD5", ""), stat, _float(cells.get(stat))))
+    frame = pd.DataFrame.from_records(records, columns=GRAD_STATS_COLUMNS)
+    frame["rank"] = frame["rank"].astype("Int64")
+    return frame
+
+
+def _similarity_frame(pd: Any, path: Path, test: str, rank: int | None) -> Any:
+    rows = _read_rows(path)
+    if not rows:
+        return pd.DataFrame(columns=SIMILARITY_COLUMNS)
+    steps = [int(s) for s in rows[0][1:]]
+    records = [(test, rank, row[0], step, _float(cell)) for row in rows[1:] for step, cell in zip(steps, row[1:])]
+    frame = pd.DataFrame.from_records(records, columns=SIMILARITY_COLUMNS)
+    frame["rank"] = frame["rank"].astype("Int64")
+    return frame
+
+
+def _online_dispatch_frame(pd: Any, path: Path, test: str, rank: int) -> Any:
+    frame = pd.read_csv(path, dtype=str, keep_default_na=False, encoding="utf-8-sig")
+    frame.insert(0, "run", path.parent.name)
+    frame.insert(0, "rank", rank)
+    frame.insert(0, "test", test)
+    for column in ("Cosine", "MaxAbsErr", "MaxRelativeErr"):  # words ("unsupported", "Nan") become NaN
+        if column in frame.columns:
+            frame[f"{column}_value"] = frame[column].map(_float)
+    return frame

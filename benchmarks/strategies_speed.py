@@ -1,4 +1,4 @@
-"""Examples per second of Hypothesis tests driven by pytest_msprobe.strategies, API call included.
+"""Examples per second of Hypothesis tests driven by pytest_msprobe.api.strategies, API call included.
 
 The issue's target: generated per-API tests run at least 20 Hypothesis examples per second for
 elementwise APIs on small tensors. Each row is one `@given(api_inputs(api, dtype))` test that calls
@@ -31,8 +31,8 @@ from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from hypothesis.extra import numpy as hnp  # noqa: E402
 
-from pytest_msprobe.api_inputs import api_inputs, resolve_api  # noqa: E402
-from pytest_msprobe.strategies import shapes  # noqa: E402
+from pytest_msprobe.api.inputs import api_inputs, resolve_api  # noqa: E402
+from pytest_msprobe.api.strategies import shapes  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "strategies_speed.json"
 TARGET = 20.0  # examples per second, elementwise APIs on small tensors

@@ -20,7 +20,7 @@ Numbers come back as floats (CSV cells such as "nan", "inf" or verdict words lik
 "nan_mismatch" in free_benchmark's max_rel stay readable: non-numeric cells become NaN in the
 numeric column and are kept as text in ``max_rel_text``).
 
-The file finding here is also what the multi-rank report (pytest_msprobe.rank_report) and the
+The file finding here is also what the multi-rank report (pytest_msprobe.reports.ranks) and the
 command line (``python -m probes summary DIR``) use. pandas is imported on the first load.
 """
 

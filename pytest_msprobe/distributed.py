@@ -296,7 +296,7 @@ class DistributedRun:
 
     def assert_clean(self) -> None:
         """Fail with the merged report's first findings when any rank flagged something."""
-        from pytest_msprobe.rank_report import describe
+        from pytest_msprobe.reports.ranks import describe
 
         if self.merged and self.merged["findings"]:
             raise AssertionError(describe(self.merged) + f"\nmerged report: {self.dump_path}")
@@ -313,7 +313,7 @@ class DistributedRunner:
 
     def __call__(self, fn: Callable[..., Any], *args: Any, world_size: int = 2, backend: str = "gloo",
                  timeout: float = DEFAULT_TIMEOUT_S, tool: str | None = None, **kwargs: Any) -> DistributedRun:
-        from pytest_msprobe.rank_report import merge_ranks, rank_summaries
+        from pytest_msprobe.reports.ranks import merge_ranks, rank_summaries
 
         dump = self.root / f"run{self.calls}"
         self.calls += 1

@@ -302,7 +302,7 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
         if message and session.fail_on == "risk" and golden is None:  # a golden test is judged by its golden
             failures.append(message)
     if golden is not None:
-        from pytest_msprobe.golden_checks import check_marked_test
+        from pytest_msprobe.golden.checks import check_marked_test
 
         options: MsprobeOptions = item.config.stash[_OPTIONS_KEY]
         suite = (session.task.name, outcome, session.test_dump_path(item.nodeid)) if whole_suite else None
@@ -316,7 +316,7 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if metafunc.definition.get_closest_marker("msprobe_api") is None:
         return
-    from pytest_msprobe.api_marker import generate
+    from pytest_msprobe.api.marker import generate
 
     generate(metafunc)
 
@@ -325,7 +325,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Any:
     callspec = getattr(pyfuncitem, "callspec", None)
     if callspec is not None and "msprobe_api_case" in callspec.params:
-        from pytest_msprobe.api_marker import run_case
+        from pytest_msprobe.api.marker import run_case
 
         options: MsprobeOptions = pyfuncitem.config.stash[_OPTIONS_KEY]
         case = callspec.params["msprobe_api_case"]
@@ -403,7 +403,7 @@ def msprobe_golden(request: pytest.FixtureRequest) -> Any:
     """`msprobe_golden.check(run_or_result, name=None)`: compare a tool run (or a grad_probe dump
     path, or a list of online_dispatch failing ops) with golden/<name>; fails the test when it
     regressed, is missing, or was just regenerated."""
-    from pytest_msprobe.golden_checks import GoldenFixture
+    from pytest_msprobe.golden.checks import GoldenFixture
 
     return GoldenFixture(request.node, request.config.stash[_OPTIONS_KEY])
 
@@ -529,7 +529,7 @@ def _write_session_files(state: MsprobeSession) -> None:
         summary["catalogue"] = options.catalogue_results
     write_json_atomic(state.root / "summary.json", summary)
     try:
-        from pytest_msprobe.html_report import render_html
+        from pytest_msprobe.reports.html import render_html
 
         state.report = render_html(summary, state.root / "report.html")
     except Exception as exc:  # the report is a view of summary.json: never fail the session for it
@@ -543,7 +543,7 @@ def _write_plugin_report(options: MsprobeOptions) -> None:
                "api_checks": options.api_results}
     info = options.catalogue_info if options.catalogue_info is not None else {}
     try:
-        from pytest_msprobe.html_report import render_html
+        from pytest_msprobe.reports.html import render_html
 
         info["report"] = options.report = render_html(session, options.root / "report.html")
     except Exception as exc:  # a view of the session's results: never fail the session for it
@@ -582,7 +582,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         for line in catalogue_lines(options.catalogue_results, options.catalogue_info, options.regen_golden):
             terminalreporter.write_line(line)
     if options is not None and options.api_results:
-        from pytest_msprobe.reporting import api_check_lines
+        from pytest_msprobe.reports.text import api_check_lines
 
         terminalreporter.section("msprobe per-API checks")
         for line in api_check_lines(options.api_results):

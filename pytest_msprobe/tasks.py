@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pytest_msprobe import grad_report
-from pytest_msprobe.reporting import (
+from pytest_msprobe.reports import grads as grad_report
+from pytest_msprobe.reports.text import (
     failure_message,
     merge_api_tables,
     risky_table_lines,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pytest_msprobe.reporting import failure_message
+from pytest_msprobe.reports.text import failure_message
 
 
 class ToolRun:

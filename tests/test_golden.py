@@ -15,7 +15,7 @@ from probes.core.errors import ConfigError
 from probes.grad_probe import csv_format
 from probes.grad_probe.stats import GradStats
 from pytest_msprobe.golden import GoldenStore, validate_name
-from pytest_msprobe.golden_kinds import fb_bound, read_npz
+from pytest_msprobe.golden.kinds import fb_bound, read_npz
 
 PROVENANCE = {"torch": "2.13.0", "device": "cpu"}
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from probes.core.errors import ConfigError
-from pytest_msprobe.html_report import PLOT_MAX_BARS, find_chromium, render_html, screenshot
+from pytest_msprobe.reports.html import PLOT_MAX_BARS, find_chromium, render_html, screenshot
 
 Image = pytest.importorskip("PIL.Image")
 np = pytest.importorskip("numpy")
@@ -286,7 +286,7 @@ def test_unknown_tool_is_a_config_error(tmp_path, bad):
 def test_matplotlib_is_lazy_and_pyplot_untouched(tmp_path):
     code = textwrap.dedent(f"""
         import sys
-        from pytest_msprobe.html_report import render_html
+        from pytest_msprobe.reports.html import render_html
         assert "matplotlib" not in sys.modules
         render_html({{"tool": "online_dispatch", "ops": {{"aten.add": {{"checked": 1, "failed": 1,
                      "worst_cosine": 0.5, "worst_max_abs_err": 1.0}}}}}}, {str(tmp_path / 'r.html')!r})

@@ -26,7 +26,7 @@ from probes import GradComparator
 from probes.core.errors import ConfigError
 from probes.grad_probe.comparator import MISSING_A, MISSING_B, RANK_OK
 from pytest_msprobe.distributed import RankJobError, free_port, run_ranks
-from pytest_msprobe.rank_report import MERGED_NAME, REPORT_NAME, describe, merge_ranks
+from pytest_msprobe.reports.ranks import MERGED_NAME, REPORT_NAME, describe, merge_ranks
 
 TIMEOUT_S = 60.0  # per job; a job that deadlocks fails after this, it never hangs
 

@@ -31,6 +31,7 @@ def _train(dump, steps=2, grad_level=None, seed=0):
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x, y = torch.randn(32, 8), torch.randint(0, 4, (32,))
+    dbg = None
     if grad_level:
         dbg = PrecisionDebugger(config={"task": "grad_probe", "dump_path": str(dump),
                                         "grad_probe": {"grad_level": grad_level}})
@@ -39,6 +40,8 @@ def _train(dump, steps=2, grad_level=None, seed=0):
         opt.zero_grad()
         F.cross_entropy(model(x), y).backward()
         opt.step()
+    if dbg is not None:
+        dbg.stop()  # the last step's files are written off the training thread: on disk after stop()
 
 
 def test_free_benchmark_rows_of_every_step(tmp_path, monkeypatch):

@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
 
 from probes.core.errors import ConfigError
-from pytest_msprobe import strategies as S
-from pytest_msprobe.api_inputs import API_TABLE, api_inputs, api_spec, canonical_name, known_apis, resolve_api
-from pytest_msprobe.strategies import shapes, tensors
+from pytest_msprobe.api import strategies as S
+from pytest_msprobe.api.inputs import API_TABLE, api_inputs, api_spec, canonical_name, known_apis, resolve_api
+from pytest_msprobe.api.strategies import shapes, tensors
 
 NO_EXPLAIN = [Phase.generate, Phase.shrink]  # the explain phase reruns a found example hundreds of times
 FAST = settings(max_examples=20, deadline=None, database=None, derandomize=True, phases=NO_EXPLAIN,
@@ -227,7 +227,7 @@ def test_shape_helpers_give_shapes_the_ops_accept():
 
 
 def test_importing_the_strategies_imports_no_framework():
-    code = ("import sys; import pytest_msprobe.strategies, pytest_msprobe.api_inputs; "
+    code = ("import sys; import pytest_msprobe.api.strategies, pytest_msprobe.api.inputs; "
             "assert 'torch' not in sys.modules and 'mindspore' not in sys.modules, sorted(sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -6,12 +6,15 @@ import pytest
 
 from probes.backends.mindspore_xp import warm_up
 
-warm_up()  # MindSpore with NumPy 2 fails the first operator of a process once (silently here)
 ms.set_context(mode=ms.PYNATIVE_MODE)
 if hasattr(ms, "set_device"):  # MindSpore >= 2.5; set_context(device_target=...) is deprecated there
-    ms.set_device("CPU")
+    try:
+        ms.set_device("CPU")  # before any operator runs: MindSpore refuses it afterwards
+    except RuntimeError:  # an earlier import already ran an operator: its device stands
+        pass
 else:
     ms.set_context(device_target="CPU")
+warm_up()  # MindSpore with NumPy 2 fails the first operator of a process once (silently here)
 
 
 @pytest.fixture(autouse=True)

@@ -2,7 +2,7 @@
 
 PyTorch: every deterministic OpInfo entry reachable through a public name (opinfo_ops) when
 `torch.testing._internal` imports (it needs `expecttest`); otherwise every row of the project's
-API table (pytest_msprobe.api_inputs), inputs drawn by Hypothesis. MindSpore: the table rows whose
+API table (pytest_msprobe.api.inputs), inputs drawn by Hypothesis. MindSpore: the table rows whose
 name MindSpore's mint has (mindspore_cases). One case per API x dtype, float32, float16 and
 bfloat16; a dtype without a CPU kernel is a skipped test with the reason, so the matrix is the
 same on every machine.
@@ -95,7 +95,7 @@ def opinfo_cases() -> list[CatalogueCase]:
 
 @functools.lru_cache(maxsize=1)
 def table_cases() -> list[CatalogueCase]:
-    from pytest_msprobe.api_inputs import API_TABLE
+    from pytest_msprobe.api.inputs import API_TABLE
 
     cases = []
     for row in API_TABLE:

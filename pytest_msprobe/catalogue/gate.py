@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_msprobe import golden_kinds as gk
+from pytest_msprobe.golden import kinds as gk
 
 ULP_MARGIN = 0.5
 ULP_MARGIN_ABS = 1.0

@@ -107,7 +107,7 @@ def torch_samples(case: CatalogueCase, count: int = SAMPLES) -> list[tuple[Calla
                 if len(samples) >= count:
                     break
         return samples + _long_sample(case, case.key)
-    from pytest_msprobe.strategies import api_inputs
+    from pytest_msprobe.api.strategies import api_inputs
 
     drawn = draw_examples(api_inputs(case.ref, case.dtype), count + 1, _seed(case))[1:]  # not the all-zero first
     return [(_public(case.ref), args[0], tuple(args[1:]), kwargs) for args, kwargs in drawn] + _long_sample(
@@ -115,7 +115,7 @@ def torch_samples(case: CatalogueCase, count: int = SAMPLES) -> list[tuple[Calla
 
 
 def _public(name: str) -> Callable[..., Any]:
-    from pytest_msprobe.api_inputs import resolve_api
+    from pytest_msprobe.api.inputs import resolve_api
 
     def call(inp: Any, args: tuple, kwargs: dict) -> Any:
         return resolve_api(name)(inp, *args, **kwargs)
@@ -126,8 +126,8 @@ def _public(name: str) -> Callable[..., Any]:
 def _long_sample(case: CatalogueCase, name: str) -> list[tuple[Callable[..., Any], Any, tuple, dict]]:
     """The long sample of an API of the table whose form accumulates (LONG_SHAPES), else []."""
     from probes.core.errors import ConfigError
-    from pytest_msprobe.api_inputs import api_spec
-    from pytest_msprobe.strategies import api_inputs
+    from pytest_msprobe.api.inputs import api_spec
+    from pytest_msprobe.api.strategies import api_inputs
 
     try:
         row = api_spec(name)

@@ -31,7 +31,7 @@ def mint_rows() -> list[tuple[str, Any]]:
     import mindspore.mint as mint
     import mindspore.mint.nn.functional as mint_functional
 
-    from pytest_msprobe.api_inputs import API_TABLE
+    from pytest_msprobe.api.inputs import API_TABLE
 
     modules = {"": mint, "nn.functional": mint_functional}
     out = []
@@ -85,6 +85,7 @@ def measure_mindspore(case: CatalogueCase, samples: int = SAMPLES) -> Any:
     import mindspore as ms
 
     from probes.backends import mindspore_xp
+    from pytest_msprobe.api.strategies import api_inputs
     from pytest_msprobe.catalogue.measure import (
         NOT_APPLICABLE,
         CatalogueResult,
@@ -93,7 +94,6 @@ def measure_mindspore(case: CatalogueCase, samples: int = SAMPLES) -> Any:
         _seed,
         draw_examples,
     )
-    from pytest_msprobe.strategies import api_inputs
 
     mindspore_xp.warm_up()  # MindSpore with NumPy 2 fails its first operator once
     dtype = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}[case.dtype]

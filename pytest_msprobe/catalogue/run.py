@@ -19,7 +19,7 @@ from pytest_msprobe.catalogue.cases import CatalogueCase
 
 def run_case(case: CatalogueCase, item: pytest.Item) -> None:
     from pytest_msprobe.catalogue.measure import NothingToMeasure, measure
-    from pytest_msprobe.golden_checks import store_for
+    from pytest_msprobe.golden.checks import store_for
     from pytest_msprobe.plugin import options_of, test_dump_path
 
     options = options_of(item.config)
@@ -56,7 +56,7 @@ def run_case(case: CatalogueCase, item: pytest.Item) -> None:
 
 def finish_session(options: Any) -> dict[str, Any]:
     """catalogue.csv (and the golden when regenerating); what the terminal summary prints."""
-    from pytest_msprobe.golden_checks import store_for
+    from pytest_msprobe.golden.checks import store_for
 
     results = options.catalogue_results
     info: dict[str, Any] = {"csv": gate.write_csv(Path(options.root) / gate.CSV_FILE, results)}

@@ -6,7 +6,7 @@ the golden and fails the test once so that nobody accepts new figures without lo
 and a failure prints statistics (golden figure, new figure, allowed bound, counts), worst first.
 
 Layout: ``{root}/{name}/meta.json`` (kind, the versions and device that made it, the date) plus
-the kind's content files (see :mod:`pytest_msprobe.golden_kinds`). Every file is deterministic:
+the kind's content files (see :mod:`pytest_msprobe.golden.kinds`). Every file is deterministic:
 the same data gives the same bytes, so regenerating an unchanged golden leaves ``git diff``
 empty. The date comes from ``SOURCE_DATE_EPOCH`` when set (the reproducible-builds convention),
 and a regeneration that changes neither the content nor the versions keeps the files untouched.
@@ -30,7 +30,7 @@ import numpy as np
 
 from probes.core.errors import ConfigError
 from probes.core.writers import write_text_atomic
-from pytest_msprobe import golden_kinds as kinds
+from pytest_msprobe.golden import kinds
 
 META = "meta.json"
 FORMAT_VERSION = 1

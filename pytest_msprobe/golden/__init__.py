@@ -1,0 +1,23 @@
+"""Golden-file regression: compare a run's precision results with ones stored under ``golden/``.
+
+store.py holds the shared check routine and GoldenStore, kinds.py the three kinds of golden
+(free_benchmark, grad_run, online_dispatch) and checks.py what the plugin compares with what;
+the API precision catalogue adds its own kind (pytest_msprobe.catalogue.gate).
+``from pytest_msprobe.golden import GoldenStore`` keeps working as before the package existed.
+"""
+
+from pytest_msprobe.golden.store import (
+    FORMAT_VERSION,
+    MAX_INFO_ITEMS,
+    MAX_ITEM_LINES,
+    META,
+    REGEN_OPTION,
+    GoldenOutcome,
+    GoldenStore,
+    base_versions,
+    describe_made_with,
+    validate_name,
+)
+
+__all__ = ["FORMAT_VERSION", "MAX_INFO_ITEMS", "MAX_ITEM_LINES", "META", "REGEN_OPTION", "GoldenOutcome", "GoldenStore",
+           "base_versions", "describe_made_with", "validate_name"]

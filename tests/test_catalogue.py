@@ -229,3 +229,43 @@ def test_ci_templates_run_the_catalogue_and_the_suite_and_can_regenerate():
     assert any("--pyargs pytest_msprobe.catalogue --msprobe-device=npu" in line for line in gate_job["script"])
     assert regen_job["when"] == "manual" and any("--msprobe-regen-golden" in line for line in regen_job["script"])
     assert "golden/" in regen_job["artifacts"]["paths"]
+
+
+def test_mindspore_catalogue_measures_mint_and_catches_a_seeded_defect(monkeypatch):
+    """The MindSpore side: mint APIs of the table, scored against MindSpore's own float64 run, and a
+    float32 kernel computing through float16 regresses against its clean golden."""
+    ms = pytest.importorskip("mindspore")
+    from mindspore import mint
+
+    from pytest_msprobe.catalogue.cases import mindspore_cases
+    from pytest_msprobe.catalogue.measure import NothingToMeasure, measure
+
+    cases = {c.id: c for c in mindspore_cases()}
+    assert "Mint.exp-float32" in cases and "MintFunctional.softmax-float16" in cases
+    case = cases["Mint.exp-float32"]
+    clean = measure(case, "cpu")
+    assert clean.samples > 0 and clean.max_ulp < 64 and clean.verdict in ("pass", "n/a")
+    golden = _golden_of(clean)
+    assert _judged(measure(case, "cpu"), golden)["status"] == gate.OK  # deterministic inputs: the same figures
+    original = mint.exp
+
+    def exp_through_float16(x, *args, **kwargs):
+        if x.dtype == ms.float32:
+            return original(x.astype(ms.float16), *args, **kwargs).astype(ms.float32)
+        return original(x, *args, **kwargs)
+
+    monkeypatch.setattr(mint, "exp", exp_through_float16)
+    bad = _judged(measure(case, "cpu"), golden)
+    assert bad["status"] == gate.REGRESSED and bad["max_ulp"] > 100 * max(clean.max_ulp, 1.0)
+    monkeypatch.undo()
+    with pytest.raises(NothingToMeasure, match="MindSpore"):  # no bfloat16 kernel on the CPU build
+        measure(cases["Mint.exp-bfloat16"], "cpu")
+
+
+def test_unknown_catalogue_source_is_a_clear_error(monkeypatch):
+    from probes.core.errors import ConfigError
+    from pytest_msprobe.catalogue.cases import all_cases
+
+    monkeypatch.setenv("MSPROBE_CATALOGUE_SOURCE", "opinfos")
+    with pytest.raises(ConfigError, match="MSPROBE_CATALOGUE_SOURCE.*auto, opinfo, table, mindspore, npu"):
+        all_cases()

@@ -26,7 +26,6 @@ command line (``python -m probes summary DIR``) use. pandas is imported on the f
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import json
 import os
@@ -35,11 +34,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from probes.core.writers import read_csv_rows
+from probes.grad_probe.csv_format import RANK_DIR_RE, SUMMARY_CSV_RE
+
 FREE_BENCHMARK_CSV = "free_benchmark.csv"
 CATALOGUE_CSV = "catalogue.csv"
 SIMILARITIES_CSV = "similarities.csv"
-_GRAD_SUMMARY = re.compile(r"^grad_summary_(\d+)\.csv$")
-_RANK_DIR = re.compile(r"^rank(\d+)$")
 _OD_CSV = re.compile(r"^compare_result_rank(\d+)_.*\.csv$")
 _FB_RANK_SUMMARY = re.compile(r"^summary_rank(\d+)\.json$")
 _OD_RUN_DIR = re.compile(r"^msprobe(?:_.+)?_rank(\d+)_\d+$")
@@ -73,7 +73,7 @@ def rank_summary_files(root: str | os.PathLike[str]) -> dict[str, dict[int, list
             found["free_benchmark"].setdefault(int(m.group(1)), []).append(p)
         elif p.name == "summary.json" and p.is_file() and _json_tool(p) == "free_benchmark":
             found["free_benchmark"].setdefault(0, []).append(p)
-        m = _RANK_DIR.match(p.name)
+        m = RANK_DIR_RE.match(p.name)
         if m and (p / "summary.json").is_file():
             found["grad_probe"].setdefault(int(m.group(1)), []).append(p / "summary.json")
         m = _OD_RUN_DIR.match(p.name)
@@ -91,15 +91,10 @@ def _json_tool(path: Path) -> str | None:
 
 def _rank_from_parts(parts: tuple[str, ...]) -> int | None:
     for part in reversed(parts):
-        m = _RANK_DIR.match(part)
+        m = RANK_DIR_RE.match(part)
         if m:
             return int(m.group(1))
     return None
-
-
-def _read_rows(path: Path) -> list[list[str]]:
-    with open(path, encoding="utf-8-sig", newline="") as fh:
-        return list(csv.reader(fh))
 
 
 def _float(cell: Any) -> float:
@@ -170,13 +165,12 @@ def load(path: str | os.PathLike[str]) -> Results:
         parts = p.relative_to(root).parts
         if name == FREE_BENCHMARK_CSV:
             fb.append(_free_benchmark_frame(pd, p, tests.of(p)))
-        elif _GRAD_SUMMARY.match(name):
-            grad.append(_grad_frame(pd, p, tests.of(p), _rank_from_parts(parts[:-1]),
-                                    int(_GRAD_SUMMARY.match(name).group(1))))
+        elif grad_step := SUMMARY_CSV_RE.match(name):
+            grad.append(_grad_frame(pd, p, tests.of(p), _rank_from_parts(parts[:-1]), int(grad_step.group(1))))
         elif name == SIMILARITIES_CSV:
             sims.append(_similarity_frame(pd, p, tests.of(p), _rank_from_parts(parts[:-1])))
-        elif _OD_CSV.match(name):
-            od.append(_online_dispatch_frame(pd, p, tests.of(p), int(_OD_CSV.match(name).group(1))))
+        elif od_rank := _OD_CSV.match(name):
+            od.append(_online_dispatch_frame(pd, p, tests.of(p), int(od_rank.group(1))))
         elif name == CATALOGUE_CSV:
             frame = pd.read_csv(p, keep_default_na=False)
             if "max_ulp" in frame.columns:
@@ -221,28 +215,20 @@ def _free_benchmark_frame(pd: Any, path: Path, test: str) -> Any:
 
 
 def _grad_frame(pd: Any, path: Path, test: str, rank: int | None, step: int) -> Any:
-    rows = _read_rows(path)
-    if not rows:
-        return pd.DataFrame(columns=GRAD_STATS_COLUMNS)
-    header, body = rows[0], rows[1:]
-    stats = [c for c in header if c not in ("param_name", "MD5", "shape")]
-    records = []
-    for row in body:
-        cells = dict(zip(header, row))
-        for stat in stats:
-            records.append((test, rank, step, cells.get("param_name", ""), cells.get("shape", ""),
-                            cells.get("MD5", ""), stat, _float(cells.get(stat))))
+    rows = read_csv_rows(path)
+    stats = [c for c in (rows[0] if rows else {}) if c not in ("param_name", "MD5", "shape")]
+    records = [(test, rank, step, row.get("param_name", ""), row.get("shape", ""), row.get("MD5", ""), stat,
+                _float(row.get(stat))) for row in rows for stat in stats]
     frame = pd.DataFrame.from_records(records, columns=GRAD_STATS_COLUMNS)
     frame["rank"] = frame["rank"].astype("Int64")
     return frame
 
 
 def _similarity_frame(pd: Any, path: Path, test: str, rank: int | None) -> Any:
-    rows = _read_rows(path)
-    if not rows:
-        return pd.DataFrame(columns=SIMILARITY_COLUMNS)
-    steps = [int(s) for s in rows[0][1:]]
-    records = [(test, rank, row[0], step, _float(cell)) for row in rows[1:] for step, cell in zip(steps, row[1:])]
+    """similarities.csv: a "step" column naming the parameter (its header row lists the steps)."""
+    rows = read_csv_rows(path)
+    records = [(test, rank, row["step"], int(step), _float(cell)) for row in rows
+               for step, cell in row.items() if step != "step"]
     frame = pd.DataFrame.from_records(records, columns=SIMILARITY_COLUMNS)
     frame["rank"] = frame["rank"].astype("Int64")
     return frame

@@ -93,6 +93,7 @@ class MsprobeOptions:
         self.catalogue_results: list[dict[str, Any]] = []  # one per API precision catalogue test
         self.catalogue_info: dict[str, Any] | None = None  # the catalogue's files, for the summary
         self.report: Path | None = None  # report.html of a session without --msprobe-task
+        self.report_error: str | None = None
         if self.task is not None and self.task not in TASKS:
             raise pytest.UsageError(f"--msprobe-task={self.task!r} is not a task; allowed: {', '.join(TASKS)}")
         if self.task is not None and self.task not in AVAILABLE_TASKS:
@@ -541,13 +542,14 @@ def _write_plugin_report(options: MsprobeOptions) -> None:
     session = {"tool": "catalogue", "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
                "versions": _versions(), "device": options.device, "catalogue": options.catalogue_results,
                "api_checks": options.api_results}
-    info = options.catalogue_info if options.catalogue_info is not None else {}
     try:
         from pytest_msprobe.reports.html import render_html
 
-        info["report"] = options.report = render_html(session, options.root / "report.html")
+        options.report = render_html(session, options.root / "report.html")
     except Exception as exc:  # a view of the session's results: never fail the session for it
-        info["report_error"] = f"{type(exc).__name__}: {exc}"
+        options.report_error = f"{type(exc).__name__}: {exc}"
+    if options.catalogue_info is not None:  # the catalogue's summary lines name the report
+        options.catalogue_info.update(report=options.report, report_error=options.report_error)
 
 
 def _versions() -> dict[str, str]:
@@ -579,7 +581,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         from pytest_msprobe.catalogue.summary import catalogue_lines
 
         terminalreporter.section("msprobe API precision catalogue")
-        for line in catalogue_lines(options.catalogue_results, options.catalogue_info, options.regen_golden):
+        for line in catalogue_lines(options.catalogue_results, options.catalogue_info):
             terminalreporter.write_line(line)
     if options is not None and options.api_results:
         from pytest_msprobe.reports.text import api_check_lines
@@ -588,8 +590,10 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         for line in api_check_lines(options.api_results):
             terminalreporter.write_line(line)
         terminalreporter.write_line(f"details: {os.fspath(options.root / 'api_checks.json')}")
-        if options.report is not None and options.catalogue_info is None:
+        if options.catalogue_info is None and options.report is not None:
             terminalreporter.write_line(f"report: {os.fspath(options.report)}")
+        elif options.catalogue_info is None and options.report_error:
+            terminalreporter.write_line(f"report.html could not be written: {options.report_error}")
     state: MsprobeSession | None = config.stash.get(_SESSION_KEY, None)
     if state is None:
         return

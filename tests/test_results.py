@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
+from test_grad_probe_end_to_end import _run as grad_run
 
 from probes.__main__ import main as cli
 from probes.core.errors import ConfigError
@@ -24,24 +24,6 @@ def _bf16_softmax_off_by_2_percent(x, dim, **kwargs):
     """Seeded: the bfloat16 kernel is 2 % off; improve_precision's float32 re-run is not."""
     out = _softmax(x, dim, **kwargs)
     return out * 1.02 if x.dtype == torch.bfloat16 else out
-
-
-def _train(dump, steps=2, grad_level=None, seed=0):
-    torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    x, y = torch.randn(32, 8), torch.randint(0, 4, (32,))
-    dbg = None
-    if grad_level:
-        dbg = PrecisionDebugger(config={"task": "grad_probe", "dump_path": str(dump),
-                                        "grad_probe": {"grad_level": grad_level}})
-        dbg.monitor(model)
-    for _ in range(steps):
-        opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
-    if dbg is not None:
-        dbg.stop()  # the last step's files are written off the training thread: on disk after stop()
 
 
 def test_free_benchmark_rows_of_every_step(tmp_path, monkeypatch):
@@ -63,8 +45,8 @@ def test_free_benchmark_rows_of_every_step(tmp_path, monkeypatch):
 
 
 def test_grad_stats_long_format_and_similarities(tmp_path):
-    _train(tmp_path / "a", steps=3, grad_level="L1")
-    _train(tmp_path / "b", steps=3, grad_level="L1", seed=1)
+    grad_run(tmp_path / "a", steps=3)
+    grad_run(tmp_path / "b", steps=3, flip_from_step=1)  # a run whose last layer's gradients turn
     res = load(tmp_path / "a")
     g = res.grad_stats
     assert list(g.columns) == GRAD_STATS_COLUMNS
@@ -127,7 +109,7 @@ def test_empty_or_missing_directories(tmp_path):
 
 
 def test_summary_command_line(tmp_path, capsys):
-    _train(tmp_path / "a", steps=2, grad_level="L0")
+    grad_run(tmp_path / "a", steps=2, level="L0")
     assert cli(["summary", str(tmp_path), "--csv", str(tmp_path / "tables")]) == 0
     out = capsys.readouterr().out
     assert "grad_stats:" in out and "2 steps" in out and "parameters" in out

@@ -39,7 +39,7 @@ from typing import Any, Union
 import numpy as np
 
 from probes.core.writers import CsvAppender, read_csv_rows, write_json_atomic
-from probes.grad_probe.csv_format import param_from_file_name
+from probes.grad_probe.csv_format import RANK_DIR_RE, SUMMARY_CSV_RE, param_from_file_name
 from probes.grad_probe.direction_rule import (
     FIRST_STEP_MIN,
     MAX_DROP,
@@ -86,9 +86,7 @@ RANK_NO_COMMON_STEPS = "no_common_steps"
 MODE_DIRECTION = "direction"
 MODE_MD5 = "md5"
 
-_RANK_RE = re.compile(r"^rank(\d+)$")
 _STEP_RE = re.compile(r"^step(\d+)$")
-_CSV_RE = re.compile(r"^grad_summary_(\d+)\.csv$")
 _PARAM_COLUMNS = ("param_name", "Param_name")
 _SHAPE_COLUMNS = ("shape", "Shape")
 _MD5_COLUMN = "MD5"
@@ -256,7 +254,7 @@ def _numbered(directory: Path, pattern: re.Pattern, want_dir: bool, canonical: s
 
 
 def rank_dirs(p: Path) -> dict[int, Path]:
-    return _numbered(p, _RANK_RE, True, "rank{}")
+    return _numbered(p, RANK_DIR_RE, True, "rank{}")
 
 
 def step_dirs(p: Path) -> dict[int, Path]:
@@ -264,7 +262,7 @@ def step_dirs(p: Path) -> dict[int, Path]:
 
 
 def step_csvs(p: Path) -> dict[int, Path]:
-    return _numbered(p, _CSV_RE, False, "grad_summary_{}.csv")
+    return _numbered(p, SUMMARY_CSV_RE, False, "grad_summary_{}.csv")
 
 
 def is_dump_root(path: PathLike) -> bool:

@@ -79,6 +79,11 @@ def render_csv(rows: Iterable[Sequence[Any]]) -> str:
     return buf.getvalue()
 
 
+# the names of a dump's rank folders and step summaries (readers match them: comparator, probes.results)
+RANK_DIR_RE = re.compile(r"^rank(\d+)$")
+SUMMARY_CSV_RE = re.compile(r"^grad_summary_(\d+)\.csv$")
+
+
 def summary_csv_path(root: str | os.PathLike[str], rank: int, step: int) -> Path:
     return Path(root) / f"rank{rank}" / f"grad_summary_{step}.csv"
 

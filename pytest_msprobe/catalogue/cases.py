@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 DTYPES = ("float32", "float16", "bfloat16")
 SAMPLES = 4  # sample inputs per API x dtype: bounded, so the catalogue fits a CI job
@@ -35,7 +34,6 @@ class CatalogueCase:
     key: str  # the free_benchmark key the probe checks (the public name called)
     skip: str | None = None
     exclusion: str | None = None  # why free_benchmark never re-runs this API (its verdict is then n/a)
-    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     @property
     def framework(self) -> str:

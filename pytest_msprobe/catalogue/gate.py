@@ -26,6 +26,7 @@ at its end (rows of APIs not run this time are kept), and the tests pass; review
 from __future__ import annotations
 
 import csv
+import io
 import math
 import threading
 from dataclasses import dataclass
@@ -46,6 +47,9 @@ CSV_HEADER = ["api", "dtype", "device", "samples", "max_ulp", "p99_ulp", "free_b
 OK, ACCEPTED, REGRESSED, NEWLY_FLAGGED, BROKEN = "ok", "accepted", "regressed", "newly flagged", "broken"
 NEW, MEASURED, FLAGGED, REGENERATED, SKIPPED = "new", "measured", "flagged", "regenerated", "skipped"
 FAILING = (REGRESSED, NEWLY_FLAGGED, BROKEN, FLAGGED)
+# the order statuses are listed and sorted in (terminal summary, report): failures first
+STATUS_ORDER = (REGRESSED, NEWLY_FLAGGED, BROKEN, FLAGGED, ACCEPTED, NEW, MEASURED, REGENERATED, OK, SKIPPED)
+STATUS_RANK = {s: i for i, s in enumerate(STATUS_ORDER)}
 
 
 @dataclass(frozen=True)
@@ -122,7 +126,7 @@ def judge(result: dict[str, Any], golden: dict[tuple[str, str], GoldenRow] | Non
     over = []
     for key, now, before in (("max", result["max_ulp"], g.max_ulp), ("p99", result["p99_ulp"], g.p99_ulp)):
         if not _within(now, before):
-            over.append(f"{key} ulp {_fmt(now)} > allowed {_fmt(ulp_bound(before))} (golden {_fmt(before)})")
+            over.append(f"{key} ulp {ulp_text(now)} > allowed {ulp_text(ulp_bound(before))} (golden {ulp_text(before)})")
     if over:
         result["status"] = REGRESSED
         result["message"] = f"{what} regressed: " + "; ".join(over)
@@ -143,7 +147,10 @@ def _within(now: float, golden: float) -> bool:
     return now <= ulp_bound(golden) or (math.isinf(golden) and math.isinf(now))
 
 
-def _fmt(v: float) -> str:
+def ulp_text(v: Any, missing: str = "-") -> str:
+    """An ulp figure as shown: 4 significant digits, inf / nan as words, `missing` when not measured."""
+    if not isinstance(v, (int, float)):
+        return missing
     return f"{v:.4g}" if math.isfinite(v) else str(v)
 
 
@@ -151,25 +158,30 @@ def failing(result: dict[str, Any]) -> bool:
     return result.get("status") in FAILING
 
 
+def ulp_sort_value(v: Any) -> float:
+    """Sort value of an ulp figure, largest first when negated: infinity first, NaN and missing last."""
+    if isinstance(v, (int, float)) and not math.isnan(v):
+        return float(v)
+    return -1.0
+
+
+def worst(results: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+    """The rows to read first: failing ones, then the largest max ulp (measured rows only)."""
+    measured = [r for r in results if isinstance(r.get("max_ulp"), (int, float))]
+    return sorted(measured, key=lambda r: (0 if failing(r) else 1, -ulp_sort_value(r["max_ulp"])))[:n]
+
+
 def write_csv(path: Path, results: list[dict[str, Any]]) -> Path:
     """catalogue.csv: one row per API x dtype of this session, worst max ulp first."""
     from probes.core.writers import write_text_atomic
 
-    rows = sorted(results, key=lambda r: (-_sort_value(r.get("max_ulp")), r["api"], r["dtype"]))
-    import io
-
+    rows = sorted(results, key=lambda r: (-ulp_sort_value(r.get("max_ulp")), r["api"], r["dtype"]))
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(CSV_HEADER)
     for r in rows:
         writer.writerow([gk.fmt(r.get(k)) if k != "free_benchmark" else r.get("verdict", "") for k in CSV_HEADER])
     return write_text_atomic(path, buf.getvalue())
-
-
-def _sort_value(v: Any) -> float:
-    if isinstance(v, (int, float)) and not math.isnan(v):
-        return float(v)
-    return -1.0
 
 
 def write_golden(store: Any, device: str, results: list[dict[str, Any]]) -> bool:

@@ -12,10 +12,8 @@ from typing import Any
 from pytest_msprobe.catalogue import gate
 
 ROWS_MAX = 2500  # per order; the rest are in catalogue.csv
+PLOT_MAX_BARS = 40
 ORDERS = (("max ulp", "max"), ("p99 ulp", "p99"), ("API", "api"), ("status", "status"))
-_STATUS_RANK = {s: i for i, s in enumerate((gate.REGRESSED, gate.NEWLY_FLAGGED, gate.BROKEN, gate.FLAGGED,
-                                            gate.ACCEPTED, gate.NEW, gate.MEASURED, gate.REGENERATED, gate.OK,
-                                            gate.SKIPPED))}
 
 CSS = """
 .sorts>input{position:absolute;opacity:0;pointer-events:none}
@@ -28,26 +26,17 @@ th label{cursor:pointer;color:#24497a}
 """
 
 
-def _num(v: Any) -> float:
-    """Sort value: NaN and missing last, infinity first."""
-    if isinstance(v, (int, float)) and not math.isnan(v):
-        return float(v)
-    return -1.0
-
-
-def _ulp_text(v: Any) -> str:
-    if not isinstance(v, (int, float)):
-        return "\u2014"
-    return f"{v:.4g}" if math.isfinite(v) else str(v)
+def _text(v: Any) -> str:
+    return gate.ulp_text(v, missing="\u2014")
 
 
 def _sorted(rows: list[Mapping[str, Any]], key: str) -> list[Mapping[str, Any]]:
     if key == "max":
-        return sorted(rows, key=lambda r: (-_num(r.get("max_ulp")), str(r.get("api")), str(r.get("dtype"))))
+        return sorted(rows, key=lambda r: (-gate.ulp_sort_value(r.get("max_ulp")), str(r.get("api")), str(r.get("dtype"))))
     if key == "p99":
-        return sorted(rows, key=lambda r: (-_num(r.get("p99_ulp")), str(r.get("api")), str(r.get("dtype"))))
+        return sorted(rows, key=lambda r: (-gate.ulp_sort_value(r.get("p99_ulp")), str(r.get("api")), str(r.get("dtype"))))
     if key == "status":
-        return sorted(rows, key=lambda r: (_STATUS_RANK.get(str(r.get("status")), 99), -_num(r.get("max_ulp")),
+        return sorted(rows, key=lambda r: (gate.STATUS_RANK.get(str(r.get("status")), 99), -gate.ulp_sort_value(r.get("max_ulp")),
                                            str(r.get("api"))))
     return sorted(rows, key=lambda r: (str(r.get("api")), str(r.get("dtype"))))
 
@@ -65,9 +54,8 @@ def catalogue_section(results: Sequence[Any], e: Any, code: Any, table: Any, plo
     cards = "".join(
         f'<div class="card {"bad" if s in gate.FAILING else ("good" if s == gate.OK else "")}">'
         f'<div class="num">{n}</div><div>{e(s)}</div></div>' for s, n in sorted(counts.items(),
-                                                                               key=lambda kv: _STATUS_RANK.get(kv[0], 99)))
-    measured = [r for r in rows if isinstance(r.get("max_ulp"), (int, float))]
-    worst = sorted(measured, key=lambda r: (0 if gate.failing(r) else 1, -_num(r.get("max_ulp"))))[:40]
+                                                                               key=lambda kv: gate.STATUS_RANK.get(kv[0], 99)))
+    worst = gate.worst(rows, PLOT_MAX_BARS)
     parts = [title, f'<div class="cards">{cards}</div>',
              "<p>Per API and dtype: the largest and the 99th-percentile error of the device's outputs, in ulps "
              "of the output dtype (0.5 = correctly rounded; near-zero elements measured at their row's scale), "
@@ -75,7 +63,7 @@ def catalogue_section(results: Sequence[Any], e: Any, code: Any, table: Any, plo
     if worst:
         entries = [(f"{r.get('api')} {r.get('dtype')}",
                     float(r["max_ulp"]) if math.isfinite(r["max_ulp"]) else None,
-                    f"max {_ulp_text(r.get('max_ulp'))} / p99 {_ulp_text(r.get('p99_ulp'))}",
+                    f"max {_text(r.get('max_ulp'))} / p99 {_text(r.get('p99_ulp'))}",
                     red if gate.failing(r) else blue) for r in worst]
         parts.append(plot(entries, xlabel="max ulp error (log scale)", log=True,
                           lines=[(0.5, "--", "0.5 ulp: correctly rounded")],
@@ -91,10 +79,10 @@ def catalogue_section(results: Sequence[Any], e: Any, code: Any, table: Any, plo
         for r in _sorted(rows, key)[:ROWS_MAX]:
             status = str(r.get("status", ""))
             cls = "bad" if status in gate.FAILING else ""
-            golden = (f"{_ulp_text(r.get('golden_max_ulp'))} / {_ulp_text(r.get('golden_p99_ulp'))}"
+            golden = (f"{_text(r.get('golden_max_ulp'))} / {_text(r.get('golden_p99_ulp'))}"
                       if r.get("golden_max_ulp") is not None else "\u2014")
             body.append((code(r.get("api")), e(r.get("dtype")), e(r.get("device")), e(r.get("samples")),
-                         e(_ulp_text(r.get("max_ulp"))), e(_ulp_text(r.get("p99_ulp"))), e(golden),
+                         e(_text(r.get("max_ulp"))), e(_text(r.get("p99_ulp"))), e(golden),
                          e(r.get("verdict") or "\u2014"), f'<span class="{cls}">{e(status)}</span>',
                          e(str(r.get("message") or ""))[:300]))
         views.append(f'<div class="by-{key}">{table(header, body, "wide", raw_header=True)}</div>')

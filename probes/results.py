@@ -174,8 +174,9 @@ def load(path: str | os.PathLike[str]) -> Results:
         elif name == CATALOGUE_CSV:
             frame = pd.read_csv(p, keep_default_na=False)
             if "max_ulp" in frame.columns:
-                for column in ("max_ulp", "p99_ulp", "golden_max_ulp", "golden_p99_ulp"):
-                    frame[column] = frame[column].map(_float)
+                for column in ("max_ulp", "p99_ulp", "ratio", "golden_max_ulp", "golden_p99_ulp"):
+                    if column in frame.columns:  # "ratio": catalogues written since goldens know their hardware
+                        frame[column] = frame[column].map(_float)
                 cat.append(frame)
         elif name.endswith(".json") and (name.startswith("summary") or name == "api_checks.json"):
             try:

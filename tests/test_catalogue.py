@@ -14,6 +14,7 @@ import pytest
 import seeded_catalogue as sc
 import torch
 
+from probes.backends.hardware import hardware_identity
 from probes.core.ulps import PRECISION, UlpSummary, round_to, spacing, ulp_errors
 from pytest_msprobe.catalogue import gate
 from pytest_msprobe.catalogue.cases import CatalogueCase, opinfo_available, opinfo_cases, table_cases
@@ -81,7 +82,12 @@ def _golden_of(result) -> dict:
 
 
 def _judged(result, golden) -> dict:
-    return gate.judge(result.to_dict(), golden, regen=False)
+    """Judged as on the machine whose golden rows `golden` are."""
+    return gate.judge(result.to_dict(), _here(golden), regen=False)
+
+
+def _here(own, **others) -> gate.Goldens:
+    return gate.Goldens("cpu", "this-machine", own, others)
 
 
 DEFECTS = [("rsqrt", "Torch.rsqrt", "float32"), ("sum", "Torch.sum", "bfloat16"), ("matmul", "Torch.matmul", "float32")]
@@ -105,21 +111,21 @@ def test_seeded_defect_regresses_against_a_clean_golden(source, defect, api, dty
 
 def test_gate_rules_new_accepted_newly_flagged_broken_and_regen():
     row = {"api": "Torch.x", "dtype": "float32", "device": "cpu", "max_ulp": 3.0, "p99_ulp": 1.0, "verdict": "pass"}
-    assert gate.judge(dict(row), None, False)["status"] == gate.MEASURED
-    assert gate.judge(dict(row, verdict="flagged"), None, False)["status"] == gate.FLAGGED
-    assert gate.judge(dict(row), {}, False)["status"] == gate.NEW
-    g = {("Torch.x", "float32"): gate.GoldenRow("table", 4, 3.0, 1.0, "pass")}
+    assert gate.judge(dict(row), _here(None), False)["status"] == gate.MEASURED
+    assert gate.judge(dict(row, verdict="flagged"), _here(None), False)["status"] == gate.FLAGGED
+    assert gate.judge(dict(row), _here({}), False)["status"] == gate.NEW
+    g = _here({("Torch.x", "float32"): gate.GoldenRow("table", 4, 3.0, 1.0, "pass")})
     assert gate.judge(dict(row, max_ulp=gate.ulp_bound(3.0)), g, False)["status"] == gate.OK
     assert gate.judge(dict(row, max_ulp=gate.ulp_bound(3.0) * 1.01), g, False)["status"] == gate.REGRESSED
     assert gate.judge(dict(row, p99_ulp=math.inf), g, False)["status"] == gate.REGRESSED
     assert gate.judge(dict(row, verdict="flagged"), g, False)["status"] == gate.NEWLY_FLAGGED
-    known = {("Torch.x", "float32"): gate.GoldenRow("table", 4, 3.0, 1.0, "flagged")}
+    known = _here({("Torch.x", "float32"): gate.GoldenRow("table", 4, 3.0, 1.0, "flagged")})
     assert gate.judge(dict(row, verdict="flagged"), known, False)["status"] == gate.ACCEPTED
-    inf = {("Torch.x", "float32"): gate.GoldenRow("table", 4, math.inf, math.inf, "flagged")}
+    inf = _here({("Torch.x", "float32"): gate.GoldenRow("table", 4, math.inf, math.inf, "flagged")})
     assert gate.judge(dict(row, max_ulp=math.inf, p99_ulp=math.inf, verdict="flagged"), inf, False)["status"] == gate.ACCEPTED
     broken = gate.judge(dict(row, error="RuntimeError: no kernel"), g, False)
     assert broken["status"] == gate.BROKEN and "raises" in broken["message"]
-    assert gate.judge(dict(row, error="RuntimeError: no kernel"), None, False)["status"] == gate.SKIPPED
+    assert gate.judge(dict(row, error="RuntimeError: no kernel"), _here(None), False)["status"] == gate.SKIPPED
     assert gate.judge(dict(row, max_ulp=1e9), g, True)["status"] == gate.REGENERATED
 
 
@@ -148,7 +154,9 @@ def test_catalogue_end_to_end_regen_gate_and_a_seeded_defect(pytester):
     first = _run(pytester, "-k", SELECT)
     first.assert_outcomes(passed=9)
     first.stdout.fnmatch_lines(["*msprobe API precision catalogue*", "*9 measured*",
-                                "*no golden for this device*--msprobe-regen-golden*"])
+                                "*no catalogue golden for this machine: golden/catalogue/cpu/*/ does not exist*",
+                                "*gated without it, on any machine: the accumulation test ratio on 3*",
+                                "*create it on this machine: *--msprobe-regen-golden*"])
     rows = _csv(pytester)
     assert list(rows[0]) == gate.CSV_HEADER and len(rows) == 9
     assert {r["status"] for r in rows} == {gate.MEASURED} and {r["device"] for r in rows} == {"cpu"}
@@ -158,10 +166,10 @@ def test_catalogue_end_to_end_regen_gate_and_a_seeded_defect(pytester):
     regen = _run(pytester, "-k", SELECT, "--msprobe-regen-golden")
     regen.assert_outcomes(passed=9)
     regen.stdout.fnmatch_lines(["*golden written*catalogue*cpu*"])
-    folder = pytester.path / "golden" / "catalogue" / "cpu"
+    folder = pytester.path / "golden" / "catalogue" / "cpu" / hardware_identity("cpu").key
     meta = json.loads((folder / "meta.json").read_text())
     assert meta["kind"] == "catalogue" and meta["made_with"]["torch"] == torch.__version__
-    assert meta["made_with"]["device"] == "cpu"
+    assert meta["made_with"]["device"] == "cpu" and meta["hardware"] == hardware_identity("cpu").to_dict()
     golden_rows = list(csv.DictReader(open(folder / "catalogue.csv", encoding="utf-8")))
     assert len(golden_rows) == 9
 
@@ -195,7 +203,9 @@ def test_catalogue_on_the_simulated_npu_catches_a_fused_operator_defect(pytester
     args = ("--msprobe-simulated-npu", "--msprobe-device=npu")
     regen = _run(pytester, *args, "--msprobe-regen-golden", source="npu")
     regen.assert_outcomes(passed=9)
-    assert (pytester.path / "golden" / "catalogue" / "npu" / "catalogue.csv").is_file()
+    npu_golden = pytester.path / "golden" / "catalogue" / "npu" / "simulated-npu-cpu-backed"
+    assert (npu_golden / "catalogue.csv").is_file()
+    assert json.loads((npu_golden / "meta.json").read_text())["hardware"]["soc"] == "Simulated NPU (CPU-backed)"
     _run(pytester, *args, source="npu").assert_outcomes(passed=9)
     seeded = _run(pytester, *args, "--msprobe-simulated-npu-defect", "npu_rms_norm=reduced_precision", source="npu")
     seeded.assert_outcomes(passed=6, failed=3)
@@ -207,8 +217,10 @@ def test_catalogue_on_the_simulated_npu_catches_a_fused_operator_defect(pytester
 def test_the_repo_golden_covers_the_catalogue_on_this_cpu():
     """CI gates golden/catalogue/cpu/ (README's test command runs the catalogue): it must exist,
     be readable, and hold rows of every source this machine runs."""
-    folder = Path(__file__).resolve().parents[1] / "golden" / "catalogue" / "cpu"
-    rows = gate.load(folder)
+    root = Path(__file__).resolve().parents[1] / "golden"
+    folders = gate.stored(root, "cpu")
+    assert folders and gate.UNRECORDED not in folders  # every CPU golden records its hardware
+    rows = gate.load(folders[sorted(folders)[0]])
     sources = {r.source for r in rows.values()}
     assert "opinfo" in sources or "table" in sources
     assert len(rows) > 100

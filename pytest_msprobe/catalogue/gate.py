@@ -1,54 +1,87 @@
-"""The catalogue's regression gate: each API x dtype against its device golden.
+"""The catalogue's gate: each API x dtype against the goldens of its device kind.
 
-The golden of a device is one reviewed file, ``golden/catalogue/<device>/catalogue.csv`` (one
-row per API x dtype: samples, max and p99 ulp, free_benchmark verdict), with meta.json recording
-the versions that made it (torch / mindspore, python, numpy, probes) and the date. One file per
-device, so an accepted upgrade is one diff to read.
+A golden is one reviewed file per machine identity (probes.backends.hardware: the CPU's vendor,
+kernel path and BLAS; the GPU model; the NPU SoC):
+``golden/catalogue/<device>/<identity>/catalogue.csv``, one row per API x dtype (samples, max and
+p99 ulp, the largest accumulation test ratio, free_benchmark's verdict), with ``meta.json``
+recording the identity, the versions that made it (torch / mindspore, python, numpy, probes;
+CUDA or CANN) and the date. An accepted upgrade is one diff to read.
 
-The rule, per API x dtype, when the golden has the row:
+Two kinds of limit judge a run:
 
-* **regressed**: max ulp or p99 ulp above ``golden * (1 + ULP_MARGIN) + ULP_MARGIN_ABS``.
-  Deterministic inputs on one machine reproduce the golden exactly; the margin absorbs a
-  different vector library or summation order after an upgrade (a 1-ulp kernel may become a
-  2.5-ulp one), not a lost bit: a float32 kernel computing in TF32 or bfloat16 moves by 2^13 ulps
-  or more, a bfloat16 sum accumulating in bfloat16 over 1,024 terms by 2.5 to tens of ulps.
-* **newly flagged**: free_benchmark flags it now and did not in the golden.
-* **broken**: the golden measured it and now the device run raises on every sample.
-* otherwise **ok**, or **accepted** when the golden already had it flagged or far off and it
-  holds its number: a known, accepted error stays green until it grows.
+* **Machine-independent limits**, which every correct kernel meets on every machine, so they
+  gate a run on any identity, with or without its golden:
 
-Without a golden row the API is **new** (no golden for it yet) or **measured** (no golden for
-the device at all): not gated, and failing only when free_benchmark flags it. With
-``--msprobe-regen-golden`` every measured row is **regenerated**: the session writes the golden
-at its end (rows of APIs not run this time are kept), and the tests pass; review the diff.
+  - **over limit** (accumulation): an accumulating API's test ratio (probes.core.accumulation:
+    the error over what rounding may contribute given the number and magnitude of the terms)
+    above its dtype's limit. TF32 / bfloat16-input float32 products and half-precision sums
+    accumulating in the half type exceed it on every machine; any summation order in the
+    accumulation dtype stays far below.
+  - **over limit** (cross-machine): a max or p99 ulp figure more than ``CROSS_MACHINE_FACTOR``
+    times (plus ``CROSS_MACHINE_ABS`` ulps) the figure of every other machine's golden for the
+    API. Correct kernels of two machines differ by a few times (9 against 23 ulps for two float32
+    GEMMs); a kernel that computes below its dtype is off by 2^13 (float32 in TF32) or more.
+  - **flagged**: free_benchmark flags it, and no golden of the device kind had it flagged.
+
+* **The ulp golden of this machine's identity**, the finer signal, for what an upgrade changes
+  on the same hardware:
+
+  - **regressed**: max ulp or p99 ulp above ``golden * (1 + ULP_MARGIN) + ULP_MARGIN_ABS`` (the
+    same inputs on the same machine reproduce the golden exactly; the margin absorbs a new
+    vector library or summation order after an upgrade, not a lost bit), or an accumulation
+    ratio the golden had over the limit that grew beyond the same margin;
+  - **newly flagged**: free_benchmark flags it now and did not in the golden;
+  - **broken**: the golden measured it and now the device run raises on every sample.
+
+Otherwise the row is **ok**; **accepted** when a known, recorded error (flagged by free_benchmark,
+or over the accumulation limit, in this machine's golden or another's) holds its number; **new**
+when this machine's golden lacks the row; **measured** when there is no golden for this machine
+(gated by the machine-independent limits only: never "regressed" for the difference between two
+correct kernels). With ``--msprobe-regen-golden`` every measured row is **regenerated**: the
+session writes this machine's golden at its end (rows of APIs not run this time are kept), and
+the tests pass; review the diff.
+
+A golden folder of the previous layout (``golden/catalogue/<device>/catalogue.csv``, no identity)
+is read as the golden of an unrecorded machine: it serves the machine-independent limits only.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import json
 import math
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from probes.core.accumulation import ACCUMULATES_IN, RATIO_LIMIT
 from pytest_msprobe.golden import kinds as gk
 
 ULP_MARGIN = 0.5
 ULP_MARGIN_ABS = 1.0
-GOLDEN_NAME = "catalogue/{device}"
+CROSS_MACHINE_FACTOR = 16.0
+CROSS_MACHINE_ABS = 16.0
+DEVICE_FOLDER = "catalogue/{device}"
+GOLDEN_NAME = DEVICE_FOLDER + "/{identity}"
+UNRECORDED = "unrecorded"  # the identity of a golden of the previous layout
 GOLDEN_FILE = "catalogue.csv"
-GOLDEN_HEADER = ["api", "dtype", "source", "samples", "max_ulp", "p99_ulp", "free_benchmark"]
+KNOWN_FILE = "known.csv"  # beside the identities' folders: accepted on every machine of the device kind
+KNOWN_HEADER = ["api", "dtype", "ratio", "reason"]
+GOLDEN_HEADER = ["api", "dtype", "source", "samples", "max_ulp", "p99_ulp", "ratio", "free_benchmark"]
+_PREVIOUS_HEADER = ["api", "dtype", "source", "samples", "max_ulp", "p99_ulp", "free_benchmark"]
 CSV_FILE = "catalogue.csv"
-CSV_HEADER = ["api", "dtype", "device", "samples", "max_ulp", "p99_ulp", "free_benchmark", "status",
-              "golden_max_ulp", "golden_p99_ulp", "source", "elements", "message"]
+CSV_HEADER = ["api", "dtype", "device", "samples", "max_ulp", "p99_ulp", "ratio", "free_benchmark", "status",
+              "golden_max_ulp", "golden_p99_ulp", "golden", "hardware", "source", "elements", "message"]
 
 OK, ACCEPTED, REGRESSED, NEWLY_FLAGGED, BROKEN = "ok", "accepted", "regressed", "newly flagged", "broken"
 NEW, MEASURED, FLAGGED, REGENERATED, SKIPPED = "new", "measured", "flagged", "regenerated", "skipped"
-FAILING = (REGRESSED, NEWLY_FLAGGED, BROKEN, FLAGGED)
+OVER_LIMIT = "over limit"
+FAILING = (REGRESSED, OVER_LIMIT, NEWLY_FLAGGED, BROKEN, FLAGGED)
 # the order statuses are listed and sorted in (terminal summary, report): failures first
-STATUS_ORDER = (REGRESSED, NEWLY_FLAGGED, BROKEN, FLAGGED, ACCEPTED, NEW, MEASURED, REGENERATED, OK, SKIPPED)
+STATUS_ORDER = (REGRESSED, OVER_LIMIT, NEWLY_FLAGGED, BROKEN, FLAGGED, ACCEPTED, NEW, MEASURED, REGENERATED, OK,
+                SKIPPED)
 STATUS_RANK = {s: i for i, s in enumerate(STATUS_ORDER)}
 
 
@@ -59,28 +92,70 @@ class GoldenRow:
     max_ulp: float
     p99_ulp: float
     free_benchmark: str
+    ratio: float | None = None  # the largest accumulation test ratio (accumulating APIs)
+
+
+@dataclass(frozen=True)
+class KnownError:
+    """A row of ``known.csv``: an accumulation error accepted on every machine of the device kind
+    (a kernel property of some machines, reviewed), up to the cross-machine bound of `ratio`."""
+
+    ratio: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class Goldens:
+    """The goldens a run on one machine is judged against: its own identity's, and the others of
+    its device kind (identity -> rows)."""
+
+    device: str
+    identity: str
+    own: dict[tuple[str, str], GoldenRow] | None
+    others: dict[str, dict[tuple[str, str], GoldenRow]] = field(default_factory=dict)
+    known: dict[tuple[str, str], KnownError] = field(default_factory=dict)
+
+    @property
+    def own_name(self) -> str:
+        return golden_name(self.device, self.identity)
 
 
 def ulp_bound(golden: float) -> float:
-    """THE margin rule: the largest ulp figure still accepted against a golden figure."""
+    """THE margin rule on one machine: the largest figure still accepted against a golden figure."""
     return golden * (1.0 + ULP_MARGIN) + ULP_MARGIN_ABS
 
 
-def golden_name(device: str) -> str:
-    return GOLDEN_NAME.format(device=device)
+def cross_machine_bound(golden: float) -> float:
+    """The largest figure accepted against another machine's golden figure."""
+    return golden * CROSS_MACHINE_FACTOR + CROSS_MACHINE_ABS
+
+
+def ratio_limit(dtype: str) -> float:
+    return RATIO_LIMIT.get(dtype, RATIO_LIMIT["float32"])
+
+
+def golden_name(device: str, identity: str) -> str:
+    return GOLDEN_NAME.format(device=device, identity=identity)
 
 
 def render(rows: dict[tuple[str, str], GoldenRow]) -> dict[str, bytes]:
-    body = [[api, dtype, r.source, r.samples, r.max_ulp, r.p99_ulp, r.free_benchmark]
+    body = [[api, dtype, r.source, r.samples, r.max_ulp, r.p99_ulp, r.ratio, r.free_benchmark]
             for (api, dtype), r in sorted(rows.items())]
     return {GOLDEN_FILE: gk.csv_bytes(GOLDEN_HEADER, body)}
 
 
 def load(folder: Path) -> dict[tuple[str, str], GoldenRow]:
+    path = folder / GOLDEN_FILE
+    try:
+        table = gk.read_table(path, GOLDEN_HEADER)
+    except ValueError:
+        table = gk.read_table(path, _PREVIOUS_HEADER)  # raises the first error's kind when neither fits
     out = {}
-    for row in gk.read_table(folder / GOLDEN_FILE, GOLDEN_HEADER):
+    for row in table:
+        ratio = row.get("ratio", "")
         out[(row["api"], row["dtype"])] = GoldenRow(row["source"], int(row["samples"] or 0), float(row["max_ulp"]),
-                                                    float(row["p99_ulp"]), row["free_benchmark"])
+                                                    float(row["p99_ulp"]), row["free_benchmark"],
+                                                    float(ratio) if ratio else None)
     return out
 
 
@@ -90,61 +165,180 @@ _cache: dict[Path, Any] = {}
 _cache_lock = threading.Lock()
 
 
-def golden_rows(root: Path, device: str) -> dict[tuple[str, str], GoldenRow] | None:
-    """The device's golden rows (read once per process), None when there is no golden."""
-    folder = root / golden_name(device)
+def _rows(folder: Path) -> dict[tuple[str, str], GoldenRow] | None:
     with _cache_lock:
         if folder not in _cache:
             _cache[folder] = load(folder) if (folder / GOLDEN_FILE).is_file() else None
         return _cache[folder]
 
 
-def judge(result: dict[str, Any], golden: dict[tuple[str, str], GoldenRow] | None, regen: bool) -> dict[str, Any]:
+def stored(root: Path, device: str) -> dict[str, Path]:
+    """identity -> folder of every golden of `device` under `root`. The identity is the one its
+    meta.json records (the folder is named after it when written; a copied or edited folder
+    keeps what it was measured on); UNRECORDED for a golden of the previous layout."""
+    folder = root / DEVICE_FOLDER.format(device=device)
+    out: dict[str, Path] = {}
+    if not folder.is_dir():
+        return out
+    for sub in sorted(p for p in folder.iterdir() if p.is_dir() and (p / GOLDEN_FILE).is_file()):
+        identity = _recorded_identity(sub) or sub.name
+        if identity not in out or sub.name == identity:
+            out[identity] = sub
+    if (folder / GOLDEN_FILE).is_file():
+        out.setdefault(UNRECORDED, folder)
+    return out
+
+
+def _recorded_identity(folder: Path) -> str | None:
+    try:
+        meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    key = meta.get("hardware", {}).get("key") if isinstance(meta.get("hardware"), dict) else None
+    return str(key) if key else None
+
+
+def identities(root: Path, device: str) -> list[str]:
+    """The identities with a golden of `device` under `root`."""
+    return list(stored(root, device))
+
+
+def goldens(root: Path, device: str, identity: str) -> Goldens:
+    """This machine's golden and the other identities' (each file read once per process)."""
+    folders = stored(root, device)
+    others = {other: rows for other, folder in folders.items() if other != identity
+              for rows in [_rows(folder)] if rows is not None}
+    own = _rows(folders[identity]) if identity in folders else None
+    known = _known(root / DEVICE_FOLDER.format(device=device) / KNOWN_FILE)
+    return Goldens(device, identity, own, others, known)
+
+
+def _known(path: Path) -> dict[tuple[str, str], KnownError]:
+    with _cache_lock:
+        if path not in _cache:
+            table = gk.read_table(path, KNOWN_HEADER) if path.is_file() else []
+            _cache[path] = {(r["api"], r["dtype"]): KnownError(float(r["ratio"]), r["reason"]) for r in table}
+        return _cache[path]
+
+
+def judge(result: dict[str, Any], golden: Goldens, regen: bool) -> dict[str, Any]:
     """Set the result's status, message and golden figures (module docstring); returns it."""
-    g = golden.get((result["api"], result["dtype"])) if golden is not None else None
-    if g is not None:
-        result["golden_max_ulp"], result["golden_p99_ulp"] = g.max_ulp, g.p99_ulp
-    flagged = result["verdict"] == "flagged"
+    key = (result["api"], result["dtype"])
+    own = golden.own.get(key) if golden.own is not None else None
+    elsewhere = {ident: rows[key] for ident, rows in golden.others.items() if key in rows}
+    result["hardware"] = golden.identity
+    shown = own or _most_lenient(elsewhere)
+    if shown is not None:
+        result["golden_max_ulp"], result["golden_p99_ulp"] = shown.max_ulp, shown.p99_ulp
+        result["golden"] = golden.identity if own is not None else _identity_of(elsewhere, shown)
     what = f"{result['api']} ({result['dtype']}, {result['device']})"
     if regen:
         result["status"], result["message"] = REGENERATED, "measured for the golden written at the end of the session"
         return result
     if result.get("error"):
-        if g is not None and g.samples > 0:
+        if own is not None and own.samples > 0:
             result["status"] = BROKEN
-            result["message"] = (f"{what}: the golden measured {g.samples} samples; now the device run raises: "
-                                 f"{result['error']}")
+            result["message"] = (f"{what}: this machine's golden measured {own.samples} samples; now the device run "
+                                 f"raises: {result['error']}")
         else:
             result["status"], result["message"] = SKIPPED, f"the device run raises: {result['error']}"
         return result
-    if g is None:
-        result["status"] = FLAGGED if flagged else (MEASURED if golden is None else NEW)
-        where = "no golden for this device" if golden is None else "not in the golden yet"
-        result["message"] = (f"{what}: free_benchmark flags it ({result.get('verdict_detail', '')}); {where}"
-                             if flagged else f"{what}: {where}; --msprobe-regen-golden writes it")
-        return result
-    over = []
-    for key, now, before in (("max", result["max_ulp"], g.max_ulp), ("p99", result["p99_ulp"], g.p99_ulp)):
-        if not _within(now, before):
-            over.append(f"{key} ulp {ulp_text(now)} > allowed {ulp_text(ulp_bound(before))} (golden {ulp_text(before)})")
-    if over:
-        result["status"] = REGRESSED
-        result["message"] = f"{what} regressed: " + "; ".join(over)
-    elif flagged and g.free_benchmark != "flagged":
-        result["status"] = NEWLY_FLAGGED
-        result["message"] = (f"{what}: free_benchmark flags it now ({result.get('verdict_detail', '')}); "
-                             f"the golden's verdict was {g.free_benchmark!r}")
-    elif flagged or g.free_benchmark == "flagged":
-        result["status"], result["message"] = ACCEPTED, f"{what}: known error, holds its golden figures"
-    else:
+    failures: list[tuple[str, str]] = []  # (status, text), worst status first once sorted
+    known: list[str] = []
+    _judge_ratio(result, own, elsewhere, golden.known.get(key), failures, known)
+    if own is not None:
+        for name, now, before in (("max", result["max_ulp"], own.max_ulp), ("p99", result["p99_ulp"], own.p99_ulp)):
+            if not _within(now, before, ulp_bound):
+                failures.append((REGRESSED, f"{name} ulp {ulp_text(now)} > allowed {ulp_text(ulp_bound(before))} "
+                                            f"(golden {ulp_text(before)})"))
+    elif elsewhere:
+        for name in ("max", "p99"):
+            now = result[f"{name}_ulp"]
+            before = max(getattr(r, f"{name}_ulp") for r in elsewhere.values())
+            if not _within(now, before, cross_machine_bound):
+                failures.append((OVER_LIMIT, f"{name} ulp {ulp_text(now)} > {ulp_text(cross_machine_bound(before))}, "
+                                             f"{CROSS_MACHINE_FACTOR:g}x + {CROSS_MACHINE_ABS:g} the golden of every "
+                                             f"other machine ({_listing(elsewhere, name)})"))
+    flagged = result["verdict"] == "flagged"
+    if flagged:
+        detail = result.get("verdict_detail", "")
+        if own is not None and own.free_benchmark != "flagged":
+            failures.append((NEWLY_FLAGGED, f"free_benchmark flags it now ({detail}); this machine's golden verdict "
+                                            f"was {own.free_benchmark!r}"))
+        elif own is not None or any(r.free_benchmark == "flagged" for r in elsewhere.values()):
+            known.append("flagged by free_benchmark, as in the golden")
+        else:
+            failures.append((FLAGGED, f"free_benchmark flags it ({detail}); no golden had it flagged"))
+    elif own is not None and own.free_benchmark == "flagged":
+        known.append("flagged in the golden")
+    if failures:
+        failures.sort(key=lambda f: STATUS_RANK[f[0]])
+        result["status"] = failures[0][0]
+        result["message"] = f"{what} {failures[0][0]}: " + "; ".join(text for _, text in failures)
+    elif known:
+        result["status"], result["message"] = ACCEPTED, f"{what}: known error, holds its number ({'; '.join(known)})"
+    elif own is not None:
         result["status"], result["message"] = OK, ""
+    elif golden.own is not None:
+        result["status"], result["message"] = NEW, f"{what}: not in this machine's golden yet; --msprobe-regen-golden adds it"
+    else:
+        against = f", against the golden of {', '.join(sorted(elsewhere))}" if elsewhere else ""
+        result["status"] = MEASURED
+        result["message"] = (f"{what}: no golden for this machine ({golden.identity}): judged by the "
+                             f"machine-independent limits{against}")
     return result
 
 
-def _within(now: float, golden: float) -> bool:
+def _judge_ratio(result: dict[str, Any], own: GoldenRow | None, elsewhere: dict[str, GoldenRow],
+                 listed: KnownError | None, failures: list[tuple[str, str]], known: list[str]) -> None:
+    ratio = result.get("ratio")
+    if not isinstance(ratio, (int, float)):
+        return
+    limit = ratio_limit(result["dtype"])
+    if not ratio > limit:
+        return
+    text = (f"accumulation test ratio {ratio_text(ratio)} > limit {limit:g} (error beyond any summation order in "
+            f"{ACCUMULATES_IN.get(result['dtype'], result['dtype'])})")
+    if own is not None and own.ratio is not None and own.ratio > limit:
+        if _within(ratio, own.ratio, ulp_bound):
+            known.append(f"accumulation test ratio {ratio_text(ratio)} over the limit, as in the golden "
+                         f"({ratio_text(own.ratio)})")
+        else:
+            failures.append((REGRESSED, f"{text}, the golden's {ratio_text(own.ratio)} allowed up to "
+                                        f"{ratio_text(ulp_bound(own.ratio))}"))
+        return
+    if own is None and listed is not None and _within(ratio, listed.ratio, cross_machine_bound):
+        known.append(f"accumulation test ratio {ratio_text(ratio)} over the limit, listed in {KNOWN_FILE}: "
+                     f"{listed.reason}")
+        return
+    over_elsewhere = [r.ratio for r in elsewhere.values() if r.ratio is not None and r.ratio > limit]
+    if own is None and over_elsewhere and _within(ratio, max(over_elsewhere), cross_machine_bound):
+        known.append(f"accumulation test ratio {ratio_text(ratio)} over the limit, as in another machine's golden "
+                     f"({ratio_text(max(over_elsewhere))})")
+        return
+    if own is None:
+        text += (f"; if this is a known kernel property you accept on every machine, list it in "
+                 f"golden/{DEVICE_FOLDER.format(device=result['device'])}/{KNOWN_FILE} "
+                 f"({','.join(KNOWN_HEADER)}), or create this machine's golden")
+    failures.append((OVER_LIMIT, text))
+
+
+def _most_lenient(rows: dict[str, GoldenRow]) -> GoldenRow | None:
+    return max(rows.values(), key=lambda r: ulp_sort_value(r.max_ulp)) if rows else None
+
+
+def _identity_of(rows: dict[str, GoldenRow], row: GoldenRow) -> str:
+    return next(ident for ident, r in rows.items() if r is row)
+
+
+def _listing(rows: dict[str, GoldenRow], name: str) -> str:
+    return ", ".join(f"{ident} {ulp_text(getattr(r, f'{name}_ulp'))}" for ident, r in sorted(rows.items()))
+
+
+def _within(now: float, golden: float, bound: Any = ulp_bound) -> bool:
     if math.isnan(now):
         return math.isnan(golden)
-    return now <= ulp_bound(golden) or (math.isinf(golden) and math.isinf(now))
+    return now <= bound(golden) or (math.isinf(golden) and math.isinf(now))
 
 
 def ulp_text(v: Any, missing: str = "-") -> str:
@@ -152,6 +346,11 @@ def ulp_text(v: Any, missing: str = "-") -> str:
     if not isinstance(v, (int, float)):
         return missing
     return f"{v:.4g}" if math.isfinite(v) else str(v)
+
+
+def ratio_text(v: Any) -> str:
+    """A test ratio as shown: 3 significant digits."""
+    return f"{v:.3g}" if isinstance(v, (int, float)) else "-"
 
 
 def failing(result: dict[str, Any]) -> bool:
@@ -184,17 +383,20 @@ def write_csv(path: Path, results: list[dict[str, Any]]) -> Path:
     return write_text_atomic(path, buf.getvalue())
 
 
-def write_golden(store: Any, device: str, results: list[dict[str, Any]]) -> bool:
-    """Merge this session's measured rows into the device's golden (rows of APIs not run are
+def write_golden(store: Any, device: str, identity: str, results: list[dict[str, Any]]) -> bool:
+    """Merge this session's measured rows into this machine's golden (rows of APIs not run are
     kept) and write it; False when nothing changed."""
-    folder = store.folder(golden_name(device))
+    name = golden_name(device, identity)
+    folder = store.folder(name)
     rows = load(folder) if (folder / GOLDEN_FILE).is_file() else {}
     for r in results:
         if r.get("status") != REGENERATED:
             continue
+        ratio = r.get("ratio")
         rows[(r["api"], r["dtype"])] = GoldenRow(r["source"], int(r["samples"]), float(r["max_ulp"]),
-                                                 float(r["p99_ulp"]), r["verdict"])
-    changed = store.write(golden_name(device), CATALOGUE, rows)
+                                                 float(r["p99_ulp"]), r["verdict"],
+                                                 float(ratio) if isinstance(ratio, (int, float)) else None)
+    changed = store.write(name, CATALOGUE, rows)
     with _cache_lock:
         _cache.pop(folder, None)
     return changed

@@ -51,6 +51,7 @@ class CatalogueResult:
     p99_ulp: float
     verdict: str  # free_benchmark improve_precision: pass / flagged / not checked / n/a
     verdict_detail: str = ""
+    ratio: float | None = None  # largest accumulation test ratio (accumulating APIs only)
     error: str = ""  # the device run raised on every sample (the API is broken there)
     status: str = ""  # set by the gate: ok, regressed, newly flagged, ...
     message: str = ""
@@ -83,6 +84,8 @@ def _opinfo_entries() -> dict[str, Any]:
 # in the few-element samples that test suites use. API table form -> first input's shape.
 LONG_SHAPES = {"reduce": (4, 1024), "unary_dim": (4, 1024), "matmul": (16, 1024), "linear": (16, 1024),
                "addmm": (16, 1024), "bmm": (2, 16, 1024)}
+# forms whose long sample reduces along its last (1,024-long) axis: an error of its own per row
+REDUCING_FORMS = ("reduce", "unary_dim")
 
 
 def torch_samples(case: CatalogueCase, count: int = SAMPLES) -> list[tuple[Callable[..., Any], Any, tuple, dict]]:
@@ -138,6 +141,8 @@ def _long_sample(case: CatalogueCase, name: str) -> list[tuple[Callable[..., Any
         return []
     (args, kwargs), = draw_examples(api_inputs(row.name, case.dtype, shapes=shape), 3, _seed(case) + 1)[-1:]
     args = _spread(args, row, _seed(case))
+    if row.form in REDUCING_FORMS:  # along the long axis, one sum per row: several chances to show
+        kwargs = {**kwargs, "dim": -1}
     return [(_public(row.name), args[0], tuple(args[1:]), kwargs)]
 
 
@@ -244,6 +249,38 @@ def sample_errors(out: Any, ref: Any) -> list[np.ndarray]:
     return errors
 
 
+def sample_ratios(kind: str, call: Callable[..., Any], ref_in: tuple, out: Any, ref: Any) -> list[np.ndarray]:
+    """Accumulation test ratios (probes.core.accumulation) of every floating output leaf of one
+    sample: the terms' magnitude and number come from the operator run in float64 on the
+    inputs' absolute values and on all-ones inputs (pytest_msprobe.catalogue.accumulating)."""
+    import torch
+
+    from probes.core.accumulation import accumulation_ratio
+    from probes.core.trees import iter_leaves, tree_map
+    from pytest_msprobe.catalogue import accumulating
+
+    def floats(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        return lambda x: fn(x) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+
+    inp, args, kwargs = ref_in
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        magnitudes = _float_leaves(call(*tree_map(floats(torch.abs), (inp, args, accumulating.positive_coefficients(kwargs)))))
+        ones = (_float_leaves(call(*tree_map(floats(torch.ones_like), (inp, args, kwargs))))
+                if kind == accumulating.PRODUCTS else {})
+    first = next((t for _, t in iter_leaves((inp, args)) if isinstance(t, torch.Tensor)), None)
+    refs = _float_leaves(ref)
+    ratios = []
+    for path, leaf in _float_leaves(out).items():
+        r, m, name = refs.get(path), magnitudes.get(path), _dtype_name(leaf)
+        if r is None or m is None or name is None or leaf.is_complex() or tuple(m.shape) != tuple(leaf.shape):
+            continue
+        count = accumulating.term_count(kind, _host(ones[path]) if path in ones else None,
+                                        first.numel() if first is not None else 1, leaf.numel())
+        ratios.append(accumulation_ratio(_host(leaf), _host(r), _host(m), count, name))
+    return ratios
+
+
 def _to_device(tree: Any, device: str) -> Any:
     import torch
 
@@ -258,11 +295,14 @@ def measure_torch(case: CatalogueCase, device: str, probe_config: Any = None, sa
                   verdict: bool = True) -> CatalogueResult:
     """Measure a PyTorch case (module docstring); NothingToMeasure when there is nothing to score."""
     from probes.core.trees import tree_map
+    from pytest_msprobe.catalogue import accumulating
     from pytest_msprobe.catalogue.opinfo_ops import copy_tree, upcast
 
+    kind = accumulating.family(case.api)
     with _single_thread(device):
         inputs = torch_samples(case, samples)
         errors: list[np.ndarray] = []
+        ratios: list[np.ndarray] = []
         measured, failures, ref_failures = 0, [], []
         for call, inp, args, kwargs in inputs:
             ref_in = tree_map(upcast, copy_tree((inp, args, kwargs)))
@@ -284,17 +324,26 @@ def measure_torch(case: CatalogueCase, device: str, probe_config: Any = None, sa
             if leaf_errors:
                 measured += 1
                 errors += leaf_errors
+                if kind:
+                    ratios += sample_ratios(kind, call, tree_map(upcast, copy_tree((inp, args, kwargs))), out, ref)
         if not measured and not failures:
             why = ref_failures[0] if ref_failures else "no floating-point output"
             raise NothingToMeasure(f"{case.api} ({case.dtype}): nothing to measure: {why}")
         summary = UlpSummary.of(errors)
         result = CatalogueResult(case.api, case.dtype, device, case.source, measured, summary.elements,
                                  summary.max_ulp, summary.p99_ulp, NOT_APPLICABLE)
+        result.ratio = largest(ratios)
         if failures and not measured:
             result.error = failures[0]
         if verdict and measured:
             result.verdict, result.verdict_detail = free_benchmark_verdict(case, device, inputs, probe_config)
     return result
+
+
+def largest(arrays: list[np.ndarray]) -> float | None:
+    """The largest value of any array, None when there is none (NaN counts as infinite)."""
+    values = [np.nan_to_num(a, nan=np.inf).max() for a in arrays if a.size]
+    return float(max(values)) if values else None
 
 
 def _first_line(exc: BaseException) -> str:

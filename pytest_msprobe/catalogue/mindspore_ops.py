@@ -18,7 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from probes.core.accumulation import accumulation_ratio
 from probes.core.ulps import UlpSummary, ulp_errors
+from pytest_msprobe.catalogue import accumulating
 from pytest_msprobe.catalogue.cases import SAMPLES, CatalogueCase
 
 FORMS = ("unary", "unary_dim", "binary", "reduce")
@@ -93,6 +95,7 @@ def measure_mindspore(case: CatalogueCase, samples: int = SAMPLES) -> Any:
         _first_line,
         _seed,
         draw_examples,
+        largest,
     )
 
     mindspore_xp.warm_up()  # MindSpore with NumPy 2 fails its first operator once
@@ -100,7 +103,8 @@ def measure_mindspore(case: CatalogueCase, samples: int = SAMPLES) -> Any:
     drawn = draw_examples(api_inputs(case.ref, case.dtype), samples + 1, _seed(case))[1:]  # not the all-zero first
     fn_key = case.key
     inputs = [([_to_ms(a, dtype) for a in args], kwargs) for args, kwargs in drawn]
-    errors, measured, failures = [], 0, []
+    kind = accumulating.family(case.api)
+    errors, ratios, measured, failures = [], [], 0, []
     for (args, kwargs), (targs, _) in zip(inputs, drawn):
         ref_args = [_to_ms(a, ms.float64) for a in targs]
         try:
@@ -116,14 +120,34 @@ def measure_mindspore(case: CatalogueCase, samples: int = SAMPLES) -> Any:
             failures.append(f"output shape {got.shape} differs from the reference's {want.shape}")
             continue
         errors.append(ulp_errors(got, want, case.dtype).reshape(-1))
+        if kind:
+            ratios.append(_ratios(kind, fn_key, ref_args, kwargs, got, want, case.dtype))
         measured += 1
     if not measured:
         raise NothingToMeasure(f"{case.api} ({case.dtype}) on MindSpore: {failures[0] if failures else 'no sample'}")
     summary = UlpSummary.of(errors)
     result = CatalogueResult(case.api, case.dtype, "cpu", case.source, measured, summary.elements, summary.max_ulp,
-                             summary.p99_ulp, NOT_APPLICABLE)
+                             summary.p99_ulp, NOT_APPLICABLE, ratio=largest(ratios))
     result.verdict, result.verdict_detail = _verdict(case, inputs)
     return result
+
+
+def _ratios(kind: str, key: str, ref_args: list[Any], kwargs: dict[str, Any], got: np.ndarray, want: np.ndarray,
+            dtype: str) -> np.ndarray:
+    """The accumulation test ratios of one sample (measure.sample_ratios on PyTorch)."""
+    import mindspore as ms
+    from mindspore import ops
+
+    def floats(fn: Any, args: list[Any]) -> list[Any]:
+        return [fn(a) if isinstance(a, ms.Tensor) and a.dtype == ms.float64 else a for a in args]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        magnitude = _host(_callable(key)(*floats(ops.abs, ref_args), **accumulating.positive_coefficients(kwargs)))
+        ones = _host(_callable(key)(*floats(ops.ones_like, ref_args), **kwargs)) if kind == accumulating.PRODUCTS else None
+    first = next((a for a in ref_args if isinstance(a, ms.Tensor)), None)
+    count = accumulating.term_count(kind, ones, int(first.size) if first is not None else 1, int(got.size))
+    return accumulation_ratio(got, want, magnitude, count, dtype)
 
 
 def _verdict(case: CatalogueCase, inputs: list[tuple[list[Any], dict]]) -> tuple[str, str]:

@@ -59,7 +59,9 @@ def catalogue_section(results: Sequence[Any], e: Any, code: Any, table: Any, plo
     parts = [title, f'<div class="cards">{cards}</div>',
              "<p>Per API and dtype: the largest and the 99th-percentile error of the device's outputs, in ulps "
              "of the output dtype (0.5 = correctly rounded; near-zero elements measured at their row's scale), "
-             "free_benchmark's improve_precision verdict, and the status against the device golden.</p>"]
+             "for accumulating APIs the test ratio (error over what any summation order may add; limit "
+             f"{gate.ratio_limit('float32'):g}), free_benchmark's improve_precision verdict, and the status against "
+             "the goldens.</p>"]
     if worst:
         entries = [(f"{r.get('api')} {r.get('dtype')}",
                     float(r["max_ulp"]) if math.isfinite(r["max_ulp"]) else None,
@@ -72,7 +74,7 @@ def catalogue_section(results: Sequence[Any], e: Any, code: Any, table: Any, plo
                      f'<label for="catsort-{key}">by {e(label)}</label>' for i, (label, key) in enumerate(ORDERS))
     header = ['<label for="catsort-api">API</label>', "dtype", "device", "samples",
               '<label for="catsort-max">max ulp</label>', '<label for="catsort-p99">p99 ulp</label>',
-              "golden max / p99", "free_benchmark", '<label for="catsort-status">status</label>', "message"]
+              "accumulation ratio", "golden max / p99", "free_benchmark", '<label for="catsort-status">status</label>', "message"]
     views = []
     for _, key in ORDERS:
         body = []
@@ -81,8 +83,11 @@ def catalogue_section(results: Sequence[Any], e: Any, code: Any, table: Any, plo
             cls = "bad" if status in gate.FAILING else ""
             golden = (f"{_text(r.get('golden_max_ulp'))} / {_text(r.get('golden_p99_ulp'))}"
                       if r.get("golden_max_ulp") is not None else "\u2014")
+            if r.get("golden") and r.get("golden") != r.get("hardware"):
+                golden += f" (another machine: {r['golden']})"
             body.append((code(r.get("api")), e(r.get("dtype")), e(r.get("device")), e(r.get("samples")),
-                         e(_text(r.get("max_ulp"))), e(_text(r.get("p99_ulp"))), e(golden),
+                         e(_text(r.get("max_ulp"))), e(_text(r.get("p99_ulp"))),
+                         e(gate.ratio_text(r.get("ratio")) if r.get("ratio") is not None else "\u2014"), e(golden),
                          e(r.get("verdict") or "\u2014"), f'<span class="{cls}">{e(status)}</span>',
                          e(str(r.get("message") or ""))[:300]))
         views.append(f'<div class="by-{key}">{table(header, body, "wide", raw_header=True)}</div>')

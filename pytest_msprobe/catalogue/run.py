@@ -19,7 +19,7 @@ from pytest_msprobe.catalogue.cases import CatalogueCase
 
 def run_case(case: CatalogueCase, item: pytest.Item) -> None:
     from pytest_msprobe.catalogue.measure import NothingToMeasure, measure
-    from pytest_msprobe.golden.checks import store_for
+    from pytest_msprobe.golden.checks import golden_root, machine
     from pytest_msprobe.plugin import options_of, test_dump_path
 
     options = options_of(item.config)
@@ -45,8 +45,7 @@ def run_case(case: CatalogueCase, item: pytest.Item) -> None:
         row["message"] = str(exc)
         options.catalogue_results.append(row)
         pytest.skip(str(exc))
-    store = store_for(options)
-    gate.judge(result, gate.golden_rows(store.root, device), options.regen_golden)
+    gate.judge(result, gate.goldens(golden_root(options), device, machine(device).key), options.regen_golden)
     options.catalogue_results.append(result)
     if result["status"] == gate.SKIPPED:
         pytest.skip(result["message"])
@@ -56,17 +55,18 @@ def run_case(case: CatalogueCase, item: pytest.Item) -> None:
 
 def finish_session(options: Any) -> dict[str, Any]:
     """catalogue.csv (and the golden when regenerating); what the terminal summary prints."""
-    from pytest_msprobe.golden.checks import store_for
+    from pytest_msprobe.golden.checks import golden_root, machine, store_for
 
     results = options.catalogue_results
     info: dict[str, Any] = {"csv": gate.write_csv(Path(options.root) / gate.CSV_FILE, results)}
+    devices = sorted({r["device"] for r in results})
+    root = golden_root(options)
+    info["machines"] = {d: (machine(d), gate.identities(root, d), root) for d in devices}
     if options.regen_golden:
-        store = store_for(options)
-        by_device: dict[str, list[dict[str, Any]]] = {}
-        for r in results:
-            by_device.setdefault(r["device"], []).append(r)
         info["golden"] = {}
-        for device, rows in by_device.items():
-            changed = gate.write_golden(store, device, rows)
-            info["golden"][device] = (store.folder(gate.golden_name(device)), changed)
+        for device in devices:
+            store = store_for(options, device)
+            rows = [r for r in results if r["device"] == device]
+            changed = gate.write_golden(store, device, machine(device).key, rows)
+            info["golden"][device] = (store.folder(gate.golden_name(device, machine(device).key)), changed)
     return info

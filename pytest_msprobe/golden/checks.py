@@ -3,6 +3,7 @@ and the store made with this run's provenance (versions, device)."""
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 from pathlib import Path
@@ -13,13 +14,32 @@ import pytest
 from pytest_msprobe.golden.store import GoldenOutcome, GoldenStore
 
 
-def store_for(options: Any) -> GoldenStore:
-    provenance: dict[str, Any] = {"device": options.device}
+def store_for(options: Any, device: str | None = None) -> GoldenStore:
+    """The session's golden store, recording the versions and the hardware identity of `device`
+    (the device under test by default)."""
+    from probes.backends.hardware import software
+
+    device = device or options.device
+    provenance: dict[str, Any] = {"device": device}
     for module in ("torch", "mindspore"):
         if module in sys.modules:
             provenance[module] = str(getattr(sys.modules[module], "__version__", "?"))
-    return GoldenStore(Path(options.pytest_config.rootpath) / "golden", regen=options.regen_golden,
-                       provenance=provenance)
+    provenance.update(software(device))
+    return GoldenStore(golden_root(options), regen=options.regen_golden,
+                       provenance=provenance, hardware=machine(device).to_dict())
+
+
+def golden_root(options: Any) -> Path:
+    """``golden/`` beside the rootdir: where the session's goldens live."""
+    return Path(options.pytest_config.rootpath) / "golden"
+
+
+@functools.cache
+def machine(device: str) -> Any:
+    """The hardware identity of `device` on this machine (probes.backends.hardware), asked once."""
+    from probes.backends.hardware import hardware_identity
+
+    return hardware_identity(device)
 
 
 def default_name(item: pytest.Item) -> str:

@@ -5,14 +5,14 @@ golden fails with the command that creates it, ``--msprobe-regen-golden`` (``reg
 the golden and fails the test once so that nobody accepts new figures without looking at them,
 and a failure prints statistics (golden figure, new figure, allowed bound, counts), worst first.
 
-Layout: ``{root}/{name}/meta.json`` (kind, the versions and device that made it, the date) plus
-the kind's content files (see :mod:`pytest_msprobe.golden.kinds`). Every file is deterministic:
+Layout: ``{root}/{name}/meta.json`` (kind, the versions and device that made it, the hardware
+identity it was measured on, the date) plus the kind's content files (see :mod:`pytest_msprobe.golden.kinds`). Every file is deterministic:
 the same data gives the same bytes, so regenerating an unchanged golden leaves ``git diff``
 empty. The date comes from ``SOURCE_DATE_EPOCH`` when set (the reproducible-builds convention),
 and a regeneration that changes neither the content nor the versions keeps the files untouched.
 
 Plugin-agnostic and framework-free (numpy only): the caller passes the torch/mindspore version
-and the device in ``provenance``.
+and the device in ``provenance``, the hardware identity (probes.backends.hardware) in ``hardware``.
 """
 
 from __future__ import annotations
@@ -91,7 +91,8 @@ def describe_made_with(made_with: dict[str, Any]) -> str:
 class GoldenStore:
     """Golden files under ``root`` (``golden/`` beside the tests, usually)."""
 
-    def __init__(self, root: PathLike, regen: bool = False, provenance: dict[str, Any] | None = None) -> None:
+    def __init__(self, root: PathLike, regen: bool = False, provenance: dict[str, Any] | None = None,
+                 hardware: dict[str, str] | None = None) -> None:
         if provenance is not None and not isinstance(provenance, dict):
             raise ConfigError("provenance", provenance, "a dict such as {'torch': '2.13.0', 'device': 'cpu'} or None")
         for key, value in (provenance or {}).items():
@@ -100,6 +101,7 @@ class GoldenStore:
         self.root = Path(root)
         self.regen = bool(regen)
         self.made_with = {**base_versions(), **{k: str(v) for k, v in (provenance or {}).items()}}
+        self.hardware = {str(k): str(v) for k, v in (hardware or {}).items()}
 
     def folder(self, name: str) -> Path:
         return self.root / validate_name(name)
@@ -165,7 +167,8 @@ class GoldenStore:
         details.update(made_with=made_with, created=meta.get("created"), counts=result.counts, rule=result.rule,
                        failures=[f.to_dict() for f in result.failures], info=result.info, data=result.data)
         provenance = (f"golden made with {describe_made_with(made_with)} ({meta.get('created', 'date unknown')}); "
-                      f"this run: {'the same' if made_with == self.made_with else describe_made_with(self.made_with)}")
+                      f"this run: {'the same' if made_with == self.made_with else describe_made_with(self.made_with)}"
+                      + _hardware_note(meta.get("hardware"), self.hardware))
         info_line = []
         if result.info:
             more = f"; and {len(result.info) - MAX_INFO_ITEMS} more" if len(result.info) > MAX_INFO_ITEMS else ""
@@ -204,12 +207,15 @@ class GoldenStore:
             except (OSError, ValueError):
                 old_meta = {}
         same_content = (old_meta.get("kind") == kind.name and old_meta.get("made_with") == self.made_with
+                        and old_meta.get("hardware", {}) == self.hardware
                         and old_meta.get("files") == sorted(files)
                         and all(_read_bytes(folder / f) == data for f, data in files.items()))
         if same_content:
             return False
         meta = {"format": FORMAT_VERSION, "name": name, "kind": kind.name, "created": _today(),
                 "made_with": self.made_with, "files": sorted(files)}
+        if self.hardware:
+            meta["hardware"] = self.hardware
         folder.mkdir(parents=True, exist_ok=True)
         for fname, data in sorted(files.items()):
             _write_bytes_atomic(folder / fname, data)
@@ -221,6 +227,14 @@ class GoldenStore:
                     pass
         write_text_atomic(meta_path, json.dumps(meta, indent=2, sort_keys=True) + "\n")
         return True
+
+
+def _hardware_note(golden: Any, this: dict[str, str]) -> str:
+    """'; measured on another machine: ...' when the golden's hardware identity is not this run's."""
+    if not this or not isinstance(golden, dict) or golden.get("key") == this.get("key"):
+        return ""
+    return (f"; measured on another machine: {golden.get('description', golden.get('key', 'unrecorded'))}, "
+            f"this one: {this.get('description', this.get('key'))}")
 
 
 def _non_negative(key: str, value: object) -> None:

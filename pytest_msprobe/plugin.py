@@ -428,6 +428,24 @@ def grad_probe(request: pytest.FixtureRequest) -> Any:
 
 
 @pytest.fixture
+def msprobe_compiled(request: pytest.FixtureRequest) -> Any:
+    """`check = msprobe_compiled(fn, *inputs, backend="inductor", backward=False)`: fn compiled with
+    torch.compile and run once, each captured graph judged against float64 (probes.compiled);
+    `check.assert_clean()` fails naming the graph, the failing node and the reproduction."""
+    from probes.compiled import check_compiled
+
+    options: MsprobeOptions = request.config.stash[_OPTIONS_KEY]
+    folder = test_dump_path(options.root, request.node.nodeid)
+    made: list[int] = []
+
+    def check(fn: Any, *inputs: Any, **kwargs: Any) -> Any:
+        made.append(len(made))
+        return check_compiled(fn, *inputs, dump_path=folder / f"compiled{made[-1]}", **kwargs)
+
+    return check
+
+
+@pytest.fixture
 def msprobe_distributed(request: pytest.FixtureRequest) -> Any:
     """`run = msprobe_distributed(fn, *args, world_size=2)`: fn(dump_path, *args) on every rank of a
     gloo process group (spawned ranks, local port, timeout); `run.merged`, `run.assert_clean()`"""

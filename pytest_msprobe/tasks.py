@@ -34,6 +34,8 @@ class FreeBenchmarkTask:
         result = {k: summary[k] for k in ("apis", "flagged", "csv_files", "errors", "config")}
         result["flagged"] = result["flagged"][:50]
         result["framework"] = summary.get("framework", "")
+        if summary.get("graphs"):
+            result["graphs"] = summary["graphs"]
         return result
 
     def flagged(self, result: dict[str, Any]) -> list[str]:
@@ -55,7 +57,8 @@ class FreeBenchmarkTask:
         return props
 
     def test_entry(self, result: dict[str, Any]) -> dict[str, Any]:
-        return {"flagged_apis": self.flagged(result), "csv_files": result["csv_files"], "errors": result["errors"]}
+        return {"flagged_apis": self.flagged(result), "csv_files": result["csv_files"], "errors": result["errors"],
+                **({"graphs": result["graphs"]} if result.get("graphs") else {})}
 
     def table(self, results: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
         frameworks = {r.get("framework", "") for _, r in results}
@@ -130,7 +133,8 @@ class OnlineDispatchTask:
         ops = failing_ops(run.summary)
         return {"ops_compared": run.summary.get("ops_compared", 0), "failing_ops": ops[:50], "failed_total": len(ops),
                 "errors": sorted(run.summary.get("probe_errors", {})), "csv_path": run.summary.get("csv_path"),
-                "summary": {k: run.summary[k] for k in ("ops_compared", "failed_ops", "csv_path") if k in run.summary}}
+                "summary": {k: run.summary[k] for k in ("ops_compared", "failed_ops", "csv_path", "graphs")
+                            if k in run.summary}}
 
     def flagged(self, result: dict[str, Any]) -> list[str]:
         return sorted({f["op"] for f in result["failing_ops"]})
@@ -149,8 +153,9 @@ class OnlineDispatchTask:
         return props
 
     def test_entry(self, result: dict[str, Any]) -> dict[str, Any]:
+        graphs = result.get("summary", {}).get("graphs")
         return {"failing_ops": self.flagged(result), "csv_files": [result["csv_path"]] if result["csv_path"] else [],
-                "errors": result["errors"]}
+                "errors": result["errors"], **({"graphs": graphs} if graphs else {})}
 
     def table(self, results: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
         table: dict[str, dict[str, Any]] = {}

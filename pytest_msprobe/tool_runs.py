@@ -138,10 +138,12 @@ class GradProbeRun(ToolRun):
 
 def dispatch_arguments(config: Any, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """PtdbgDispatch's arguments from the config's "online_dispatch" section (dump_mode, api_list,
-    process_num, debug, tag, background, rule) and overrides; dump_mode defaults to "auto" (failing ops dumped)."""
+    process_num, debug, tag, background, rule, compiled_first, compiled_every) and overrides;
+    dump_mode defaults to "auto" (failing ops dumped)."""
     section = dict(config.extra_sections.get("online_dispatch", {}))
     section.update(overrides or {})
-    allowed = ("dump_mode", "api_list", "process_num", "debug", "tag", "background", "rule")
+    allowed = ("dump_mode", "api_list", "process_num", "debug", "tag", "background", "rule", "compiled_first",
+               "compiled_every")
     unknown = sorted(set(section) - set(allowed))
     if unknown:
         from probes.core.errors import ConfigError
@@ -241,6 +243,11 @@ def dispatch_failure_message(label: str, summary: dict[str, Any], limit: int = 1
         lines.append(f"  {f['name']} ({f['op']}): Cosine {f['cosine']:.6g}, MaxAbsErr {f['max_abs_err']:.6g}{extra}")
     if len(ops) > limit:
         lines.append(f"  ... and {len(ops) - limit} more")
+    graphs = [g for g in summary.get("graphs", []) if g.get("flagged")]
+    if graphs:  # compiled graphs: where they lose it, and how to reproduce it (probes.compiled)
+        from probes.compiled.check import graph_lines
+
+        lines += graph_lines(graphs)
     config = summary.get("config")
     rule = config.get("rule", "reference") if config else "both"  # runs before the rule option: msprobe's
     reference = (f"Cosine < {COS_THRESHOLD} and MaxAbsErr > {MAX_ABS_ERR_THRESHOLD}, or Cosine < "

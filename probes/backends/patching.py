@@ -39,6 +39,11 @@ class ApiMeta:
     # installed only to keep nested calls out (outermost-only) while the running probe never
     # selects this API: its wrapper calls the original straight away
     passthrough: bool = False
+    # a compiled graph (probes/compiled): the eager program the precision-changing modes re-run
+    # (the compiled function takes its compiled dtypes and device only), and a look at every
+    # judged call before it is recorded (the eager kernels' error, the failing node)
+    reference: Callable[..., Any] | None = field(default=None, repr=False)
+    review: Callable[..., Any] | None = field(default=None, repr=False)
 
     @property
     def key(self) -> str:
@@ -77,12 +82,25 @@ class _Depth(threading.local):
 _TLS = _Depth()
 # The one active call handler (a bound method of the running probe), or None.
 _HANDLER: list[Callable[..., Any] | None] = [None]
+# Whether a compiler is tracing the calling code (torch.compiler.is_compiling for PyTorch). A
+# wrapper then calls the original at once, with nothing a compiler cannot trace (no thread-local,
+# no RNG state, no try): a compiled program gets the same graphs with the probe on as without it,
+# and the probe judges compiled graphs at the compiler's backend instead.
+_COMPILING: list[Callable[[], bool]] = [lambda: False]
+
+
+def set_compiling_check(check: Callable[[], bool]) -> None:
+    """Install the framework's "is a compiler tracing?" query (wrappers made afterwards use it)."""
+    _COMPILING[0] = check
 
 
 def _make_wrapper(meta: ApiMeta) -> Callable[..., Any]:
     original = meta.original
+    compiling = _COMPILING[0]
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if compiling():
+            return original(*args, **kwargs)
         handler = _HANDLER[0]
         tls = _TLS
         if handler is None or tls.depth:

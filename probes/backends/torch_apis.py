@@ -25,9 +25,12 @@ from probes.backends.patching import (  # noqa: F401 - re-exported for the torch
     _is_op_callable,
     _make_wrapper,
     call_exclusion,
+    set_compiling_check,
     suspended,
 )
 from probes.free_benchmark import exclusions
+
+set_compiling_check(torch.compiler.is_compiling)  # Dynamo traces the original: compiled graphs are judged at the backend
 
 _ALLOWED_DUNDERS = {
     "__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__matmul__", "__rmatmul__",

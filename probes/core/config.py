@@ -95,6 +95,8 @@ FREE_BENCHMARK_KEYS = (
     "max_sample",
     "add_noise_style",
     "rule",
+    "compiled_first",
+    "compiled_every",
 )
 
 # msprobe keys that are legal in a shared config.json but mean nothing to this tool: accepted silently.
@@ -135,6 +137,10 @@ class FreeBenchmarkConfig:
     # our extension: "reference" = msprobe's element-wise ratio rule (the drop-in default for a
     # config.json), "scaled" = the scale-aware rule the pytest plugin gates on
     rule: str = "reference"
+    # our extension: which calls of each torch.compile graph are checked (probes/compiled): the
+    # first `compiled_first`, then every `compiled_every`-th (0: none)
+    compiled_first: int = 1
+    compiled_every: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """The section as JSON data with the reference's key names, so it can be fed back to load_config."""
@@ -151,6 +157,8 @@ class FreeBenchmarkConfig:
             "max_sample": self.max_sample,
             "add_noise_style": self.add_noise_style,
             "rule": self.rule,
+            "compiled_first": self.compiled_first,
+            "compiled_every": self.compiled_every,
         }
 
 
@@ -298,6 +306,15 @@ def _positive_int(key: str, value: object, default: int) -> int:
         return default
     if not _is_int(value) or value <= 0:  # type: ignore[operator]
         raise ConfigError(key, value, f"an integer > 0 (not a boolean); the default is {default}")
+    return value  # type: ignore[return-value]
+
+
+def non_negative_int(key: str, value: object, default: int) -> int:
+    """An int >= 0 that is not a bool; null means ``default``."""
+    if value is None:
+        return default
+    if not _is_int(value) or value < 0:  # type: ignore[operator]
+        raise ConfigError(key, value, f"an integer >= 0 (not a boolean); the default is {default}")
     return value  # type: ignore[return-value]
 
 
@@ -543,6 +560,8 @@ def _free_benchmark(fb: Mapping[Any, Any]) -> FreeBenchmarkConfig:
             p + "add_noise_style", fb.get("add_noise_style"), ADD_NOISE_STYLES, d.add_noise_style
         ),
         rule=_choice(p + "rule", fb.get("rule"), RULES, d.rule),
+        compiled_first=non_negative_int(p + "compiled_first", fb.get("compiled_first"), d.compiled_first),
+        compiled_every=non_negative_int(p + "compiled_every", fb.get("compiled_every"), d.compiled_every),
     )
 
     # to_cpu <=> cpu, both directions: "npu" means "the original call's device", which to_cpu

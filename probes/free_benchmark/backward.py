@@ -29,7 +29,7 @@ from probes.backends.patching import suspended
 from probes.core import thresholds as th
 from probes.core.errors import ProbeError
 from probes.core.trees import iter_leaves, replace_at, tree_map
-from probes.free_benchmark.compare import StructureMismatch, comparison
+from probes.free_benchmark.compare import StructureMismatch, comparison, drive
 from probes.free_benchmark.deferred import held_bytes
 from probes.free_benchmark.perturbations import Cancelled
 
@@ -58,14 +58,15 @@ class _Call:
     """What one selected call keeps until its backward: saved inputs, where the differentiable
     inputs and outputs are, the random state and autocast context of the forward."""
 
-    __slots__ = ("key", "name", "step", "stats", "original", "on_host", "args", "kwargs", "mutates", "grad_at", "out_paths",
-                 "versions", "rng", "context", "hooks", "check", "__weakref__")
+    __slots__ = ("key", "name", "step", "stats", "original", "on_host", "rerun", "args", "kwargs", "mutates", "grad_at",
+                 "out_paths", "versions", "rng", "context", "hooks", "check", "review", "__weakref__")
 
     def release(self, unhook: bool = False) -> None:
         """Drop the inputs and the callback; `unhook` also unregisters the hooks (only outside a
         backward pass). Idempotent."""
         hooks, self.hooks = self.hooks() if self.hooks is not None else None, None
         self.args = self.kwargs = self.rng = self.context = self.original = self.on_host = self.check = None
+        self.rerun = self.review = None
         if hooks is not None and unhook:
             hooks.release()
         elif hooks is not None:
@@ -114,7 +115,9 @@ class BackwardCheck:
         call = _Call()
         call.key, call.name, call.step, call.stats = meta.key, name, self.probe.current_step, stats
         call.original, call.mutates, call.grad_at = original, copy, grad_at
-        call.on_host = b.host_callable(meta.prefix, meta.qualname, original)
+        call.review = (meta.review, meta.reference) if meta.review is not None else None
+        call.on_host = self.probe.rerun_of(meta, original, True)
+        call.rerun = self.probe.rerun_of(meta, original, False)
         call.args, call.kwargs = tree_map(keep, args), tree_map(keep, kwargs)
         call.versions = None if copy else [
             (where, path, ad.version(leaf)) for where, path, leaf in _tensor_inputs(b, args, kwargs)
@@ -168,7 +171,7 @@ class BackwardCheck:
         if isinstance(pert, Cancelled):
             probe._skip(call.key, pert.reason)
             return
-        rerun = call.on_host if pert.on_cpu else call.original
+        rerun = call.on_host if pert.on_cpu else call.rerun
         if isinstance(rerun, str):
             probe._skip(call.key, rerun)
             return
@@ -195,15 +198,34 @@ class BackwardCheck:
         perturbed = {i: h for i, _g, h in pairs}
         key, name, stats, step = call.key, call.name, call.stats, call.step
         try:
+            check = comparison(b, original, perturbed, pert_mode=probe.fb.pert_mode, tolerance=th.BACKWARD_TOLERANCE,
+                               rule=probe.fb.rule, input_move=move, stage="backward", exact=call.review is not None)
+            if call.review is not None:  # a compiled graph: judged now, with its eager kernels' gradients
+                review, reference = call.review
+                verdicts = review("backward", name, (call.args, call.kwargs),
+                                  lambda: self._eager_vjp(call, reference, cotangents), original, perturbed,
+                                  drive(b, check))
+                probe._record(key, name, stats, verdicts, step)
+                return
             # settled with the step's other checks (deferred.py); the gradients are private to
             # the check, so a later pass reads them as they were
-            probe.verdicts.add(comparison(b, original, perturbed, pert_mode=probe.fb.pert_mode,
-                                          tolerance=th.BACKWARD_TOLERANCE, rule=probe.fb.rule, input_move=move,
-                                          stage="backward"),
-                               lambda verdicts: probe._record(key, name, stats, verdicts, step),
+            probe.verdicts.add(check, lambda verdicts: probe._record(key, name, stats, verdicts, step),
                                lambda exc: probe._settle_failed(key, name, exc), held_bytes(b, original, perturbed))
         except StructureMismatch as exc:
             probe._skip(call.key, f"perturbed gradients have another structure ({exc})")
+
+    def _eager_vjp(self, call: _Call, reference: Callable[..., Any], cotangents: list[Any]) -> dict[int, Any]:
+        """The gradients of a compiled graph's eager program at the saved inputs (its eager
+        kernels' result, for the review), numbered as the compared ones."""
+        b = self.backend
+        after = b.rng_snapshot(None)
+        try:
+            with self.autodiff.recompute(call.context):
+                b.rng_restore(call.rng)
+                grads = self._vjp(call, call.args, call.kwargs, cotangents, reference)
+        finally:
+            b.rng_restore(after)
+        return {i: g for i, g in enumerate(grads) if g is not None}
 
     def _vjp(self, call: _Call, args: tuple, kwargs: dict, cotangents: list[Any],
              original: Callable[..., Any] | None = None) -> list[Any]:

@@ -115,16 +115,17 @@ def _pair_leaves(backend: Any, a: Any, b: Any, path: tuple = ()):
 def compare_outputs(
     backend: Any, original: Any, perturbed: Any, *, pert_mode: str, tolerance: float | None = None,
     rule: str = "reference", input_move: Any = None, stage: str = "forward", pointwise: bool = False,
+    exact: bool = False,
 ) -> list[LeafVerdict]:
     """Verdicts for every comparable leaf, now (see `comparison`)."""
     return drive(backend, comparison(backend, original, perturbed, pert_mode=pert_mode, tolerance=tolerance,
-                                     rule=rule, input_move=input_move, stage=stage, pointwise=pointwise))
+                                     rule=rule, input_move=input_move, stage=stage, pointwise=pointwise, exact=exact))
 
 
 def comparison(
     backend: Any, original: Any, perturbed: Any, *, pert_mode: str, tolerance: float | None = None,
     rule: str = "reference", input_move: Any = None, stage: str = "forward", pointwise: bool = False,
-    version: Callable[[Any], int | None] | None = None,
+    version: Callable[[Any], int | None] | None = None, exact: bool = False,
 ) -> Comparison:
     """The comparison of every comparable leaf, as a generator (module docstring). The leaves
     are paired at once, so a StructureMismatch is raised by the first next(). `tolerance` overrides the forward clamp floor
@@ -134,17 +135,20 @@ def comparison(
     mode knows, or device figures to measure it;
     `pointwise`: the API is element-by-element (aten's pointwise tag), so under improve_precision
     and to_cpu, which re-run it on the same input values, the scaled rule judges every element at
-    its own magnitude (there is no cancellation across elements to forgive)."""
+    its own magnitude (there is no cancellation across elements to forgive); `exact`: the scaled
+    rule measures every leaf, where it would settle a float32 leaf by an upper bound (figures that
+    are shown, not only judged)."""
     pairs = list(_pair_leaves(backend, original, perturbed))
     return _comparison(backend, pairs, pert_mode, tolerance, rule, input_move, stage, pointwise,
-                       _Intact(version, pairs))
+                       _Intact(version, pairs), exact)
 
 
 def _comparison(backend: Any, pairs: list, pert_mode: str, tolerance: float | None, rule: str, input_move: Any,
-                stage: str, pointwise: bool, intact: _Intact) -> Comparison:
+                stage: str, pointwise: bool, intact: _Intact, exact: bool = False) -> Comparison:
     if rule == "scaled":
         elementwise = pointwise and stage == "forward" and pert_mode in ("improve_precision", "to_cpu")
-        verdicts = yield from _scaled(backend, pairs, pert_mode, tolerance, input_move, stage, elementwise, intact)
+        verdicts = yield from _scaled(backend, pairs, pert_mode, tolerance, input_move, stage, elementwise, intact,
+                                      exact)
         return _in_output_order(pairs, verdicts)
     if pert_mode == "to_cpu":
         verdicts = yield from _single_benchmark(backend, pairs, intact)
@@ -322,7 +326,7 @@ _BOUNDED_DTYPES = ("float32", "float64")
 
 
 def _scaled(backend: Any, pairs: list, pert_mode: str, tolerance: float | None, input_move: Any,
-            stage: str, elementwise: bool, intact: _Intact) -> Comparison:
+            stage: str, elementwise: bool, intact: _Intact, exact: bool = False) -> Comparison:
     """The scaled rule for every leaf. One host transfer for every leaf's first figures (and
     the input's move, when it is measured); a second for the leaves these did not settle (a
     bound above the threshold: the exact measure; inf/NaN: the masked one) and for msprobe's
@@ -337,7 +341,7 @@ def _scaled(backend: Any, pairs: list, pert_mode: str, tolerance: float | None, 
             if pert_mode == "no_change":  # equal outputs (the usual case) need no measure: count first
                 figures.append(backend.any_differ(a, b))
                 plans.append(("equal", path, a, b))
-            elif not elementwise and name in _BOUNDED_DTYPES:
+            elif not elementwise and not exact and name in _BOUNDED_DTYPES:
                 figures.append(backend.scaled_bound_figures(a, b))
                 plans.append(("bound", path, a, b))
             else:

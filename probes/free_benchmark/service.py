@@ -47,6 +47,8 @@ log = logging.getLogger("probes.free_benchmark")
 _CALL_INDEX = re.compile(r"\.\d+$")
 
 CSV_NAME = "free_benchmark.csv"
+# the modes whose re-run changes the dtype or the device: a compiled graph re-runs its eager program
+REFERENCE_MODES = ("improve_precision", "to_cpu")
 # Rows kept in memory for summary.json and the plugin; the CSV always gets every row, so a long
 # run that flags the same API every step does not grow the process without bound.
 ROWS_KEPT = 2000
@@ -175,6 +177,7 @@ class FreeBenchmarkProbe:
         self.verdicts = VerdictQueue(backend)
         self._summary_written = False
         self._optimizer_steps = 0  # > 0 while an optimizer step runs (frameworks that can tell set it)
+        self.graph_reports: dict[str, Any] = {}  # compiled graphs (probes/free_benchmark/graphs.py)
 
     def enable_preheat(self) -> None:
         """Learn the thresholds against the CPU (`if_preheat`; the frameworks that support it
@@ -276,7 +279,7 @@ class FreeBenchmarkProbe:
         if isinstance(pert, Cancelled):
             self._skip(meta.key, pert.reason)
             return
-        rerun = b.host_callable(meta.prefix, meta.qualname, original) if pert.on_cpu else original
+        rerun = self.rerun_of(meta, original, pert.on_cpu)
         if isinstance(rerun, str):
             self._skip(meta.key, rerun)
             return
@@ -295,17 +298,20 @@ class FreeBenchmarkProbe:
             stats.fixed += 1
             self._dirty = True
             return
-        deferred = self.preheat is None
+        deferred = self.preheat is None and meta.review is None
         try:
             check = comparison(b, out, pert_out, pert_mode=self.fb.pert_mode, rule=self.fb.rule, input_move=move,
                                pointwise=getattr(meta, "pointwise", False),
-                               version=b.autodiff.version if deferred else None)
+                               version=b.autodiff.version if deferred else None, exact=meta.review is not None)
             if deferred:
                 step, key = self.current_step, meta.key
                 self.verdicts.add(check, lambda verdicts: self._record(key, name, stats, verdicts, step),
                                   lambda exc: self._settle_failed(key, name, exc), held_bytes(b, out, pert_out))
                 return
             verdicts = drive(b, check)
+            if meta.review is not None:
+                verdicts = meta.review("forward", name, (args, kwargs), lambda: self._eager(meta, args, kwargs, snapshot),
+                                       out, pert_out, verdicts)
         except StructureMismatch as exc:
             self._skip(meta.key, f"perturbed output has another structure ({exc})")
             return
@@ -323,6 +329,25 @@ class FreeBenchmarkProbe:
             preheat_row = self.preheat.in_preheat(meta.key)
             verdicts = [self._preheat_judged(meta.key, v) for v in verdicts]
         self._record(meta.key, name, stats, verdicts, self.current_step, preheat=preheat_row)
+
+    def _eager(self, meta: Any, args: tuple, kwargs: dict, snapshot: Any) -> Any:
+        """A compiled graph's eager program on the call's own inputs (its eager kernels' result,
+        for the review), with the random state of the call and without autograd."""
+        b = self.backend
+        after = b.rng_snapshot(None)
+        b.rng_restore(snapshot)
+        try:
+            with b.no_grad():
+                return meta.reference(*args, **kwargs)
+        finally:
+            b.rng_restore(after)
+
+    def rerun_of(self, meta: Any, original: Callable[..., Any], on_cpu: bool) -> Any:
+        """What the perturbed call runs: the API itself, its host math on the CPU (torch_npu's
+        fused operators), or a compiled graph's eager program when the mode changes the dtype or
+        the device (improve_precision, to_cpu); a str says why it cannot run."""
+        base = meta.reference if meta.reference is not None and self.fb.pert_mode in REFERENCE_MODES else original
+        return self.backend.host_callable(meta.prefix, meta.qualname, base) if on_cpu else base
 
     def input_move(self, pert: Any) -> Any:
         """How far add_noise / bit_noise moved their input, at its scale (the scaled rule's
@@ -543,6 +568,8 @@ class FreeBenchmarkProbe:
             "errors": [dict(e) for e in self.errors.values()],
             "csv_files": sorted(str(w.path) for w in self._writers.values() if w.written or w.pending),
         }
+        if self.graph_reports:
+            summary["graphs"] = [r.to_dict() for _name, r in sorted(self.graph_reports.items())]
         if self.preheat is not None or self.preheat_note is not None:
             summary["preheat"] = {
                 "applied": self.preheat is not None, "note": self.preheat_note,

@@ -10,6 +10,7 @@ from probes.backends.torch_backend import BACKEND
 from probes.core.config import ProbeConfig
 from probes.core.errors import ConfigError
 from probes.free_benchmark import exclusions
+from probes.free_benchmark.graphs import GRAPH_PREFIX, FreeBenchmarkGraphs
 from probes.free_benchmark.lifecycle import FreeBenchmarkRun
 from probes.free_benchmark.service import FreeBenchmarkProbe
 
@@ -33,11 +34,13 @@ class TorchFreeBenchmark(FreeBenchmarkRun):
         self._check_selection()
         self.patcher = TorchApiPatcher(tuple(m for m in self.catalog if m.exclusion != exclusions.ACCESSOR),
                                        self.probe.selection.static, window=self.probe)
+        self.graphs = FreeBenchmarkGraphs(self.probe)
         self._register()
 
     def _check_selection(self) -> None:
         keys = [m.key for m in self.catalog]
-        bad = self.probe.selection.unmatched(keys)
+        # "Graph..." entries select torch.compile graphs (probes/free_benchmark/graphs.py), named when compiled
+        bad = [e for e in self.probe.selection.unmatched(keys) if not e.startswith(GRAPH_PREFIX)]
         if bad:
             key = "free_benchmark.scope" if self.config.free_benchmark.scope else "free_benchmark.list"
             close = difflib.get_close_matches(bad[0].split(".forward")[0], keys, n=3, cutoff=0.5)

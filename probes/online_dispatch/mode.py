@@ -24,10 +24,13 @@ import weakref
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from probes.backends import npu_references
 from probes.backends.torch_backend import BACKEND
+from probes.compiled import capture
+from probes.compiled import runs as graph_runs
+from probes.compiled.localize import localise_and_reproduce
 from probes.online_dispatch import dump, reference, skip_list, verdict
 from probes.online_dispatch.options import DispatchOptions
 from probes.online_dispatch.results import FailedOp, RunResults, leaf_summary, special_row
@@ -119,8 +122,50 @@ class _Skipped:
 _SKIPPED = _Skipped()
 
 
+class _GraphOp:
+    """A compiled graph (probes.compiled) in the place of an aten overload: called, it runs the
+    compiled function; its name is the graph's."""
+
+    _overloadname = ""
+
+    def __init__(self, graph: Any) -> None:
+        self.graph = graph
+        self._opname = graph.key
+        self.namespace = "graph"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.graph.compiled(*args, **kwargs)
+
+    def __str__(self) -> str:
+        return self.graph.key
+
+
+class _GraphInfo:
+    """_OpInfo of a compiled graph: its reference is the graph's eager program, in float64 on the CPU."""
+
+    __slots__ = ("api", "overload", "half_to_float", "written", "skip", "on_host")
+
+    def __init__(self, graph: Any) -> None:
+        self.api, self.overload, self.half_to_float, self.written = graph.key, "", None, ((), ())
+        self.skip = graph_runs.RANDOM.format(op=graph.random) if graph.random is not None else None
+        self.on_host = graph_runs.quiet(graph.gm)
+
+
 class OnlineDispatchMode(TorchDispatchMode):
-    """Compare every aten op run inside the context with a CPU reference (see module docstring)."""
+    """Compare every aten op run inside the context with a CPU reference (see module docstring).
+
+    Under torch.compile the mode lets Dynamo compile (``ignore_compile_internals``): the compiled
+    program runs unchanged, its graphs' calls come here (``graph_call``, probes.compiled.capture)
+    and each sampled call is compared as a whole with the graph's eager program in float64 on the
+    CPU, rows named ``Graph.<function>_<compile id>_<n>``."""
+
+    # higher-order operators (torch.cond, while_loop, ...) come to __torch_dispatch__, which runs
+    # them with no mode instead of failing on them
+    supports_higher_order_operators = True
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
 
     def __init__(self, options: DispatchOptions) -> None:
         super().__init__()
@@ -134,6 +179,7 @@ class OnlineDispatchMode(TorchDispatchMode):
         # rule="reference" judges by msprobe's rule alone: the scaled figure is not measured
         self._scaled = options.rule != "reference"
         self._depth = 0
+        self._graph_calls: dict[str, int] = {}  # calls of each compiled graph seen
 
     # context --------------------------------------------------------------------------------------
     def __enter__(self) -> OnlineDispatchMode:
@@ -150,6 +196,8 @@ class OnlineDispatchMode(TorchDispatchMode):
         elif self._pool is None and self._depth == 0 and use_reference_thread(self.options.background):
             self._pool = reference_thread(self._finish_job)
             self._pool_finalizer = weakref.finalize(self, self._pool.close)
+        if self._depth == 0:
+            capture.install(self)
         self._depth += 1
         return super().__enter__()
 
@@ -159,6 +207,7 @@ class OnlineDispatchMode(TorchDispatchMode):
         finally:
             self._depth -= 1
             if self._depth == 0:
+                capture.uninstall(self)
                 if self._threaded:
                     self.close()  # a thread is cheap to start again; no idle thread outlives the context
                 else:
@@ -199,6 +248,11 @@ class OnlineDispatchMode(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         if kwargs is None:
             kwargs = {}
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            key = (skip_list.HIGHER_ORDER, func.name())
+            self.results.skipped[key] = self.results.skipped.get(key, 0) + 1
+            with _disable_current_modes():
+                return func(*args, **kwargs)
         info = self._infos.get(func)
         if info is None:
             info = self._infos[func] = _OpInfo(func)
@@ -222,13 +276,38 @@ class OnlineDispatchMode(TorchDispatchMode):
             return func(*args, **kwargs)
         return self._check(func, info, device, args, kwargs)
 
-    def _check(self, func: Any, info: _OpInfo, device: torch.device, args: tuple, kwargs: dict) -> Any:
+    def graph_call(self, graph: Any, args: tuple, kwargs: dict) -> Any:
+        """A compiled graph's call (capture.GraphChecker): its kernels run with no dispatch mode
+        (the graph is compared as a whole, not its runtime's operators one by one)."""
+        with _disable_current_modes():
+            counts = self._graph_calls
+            index = counts[graph.name] = counts.get(graph.name, 0) + 1
+            options = self.options
+            if not graph_runs.sampled(index - 1, options.compiled_first, options.compiled_every):
+                if graph.name in self.results.graphs:
+                    self.results.graphs[graph.name].calls = index
+                return graph.compiled(*args, **kwargs)
+            func, info = _GraphOp(graph), _GraphInfo(graph)
+            entry = self.results.graphs.setdefault(graph.name, graph_runs.GraphReport(
+                graph.name, graph.where, graph.backend_name, len(graph.nodes)))
+            entry.calls, entry.sampled = index, entry.sampled + 1
+            if info.skip is not None:
+                entry.not_checked = info.skip
+                key = (info.skip, func)
+                self.results.skipped[key] = self.results.skipped.get(key, 0) + 1
+                return graph.compiled(*args, **kwargs)
+            device = reference.device_under_test(args, kwargs) or reference.CPU
+            entry.checked += 1
+            return self._check(func, info, device, args, kwargs, float64=True)
+
+    def _check(self, func: Any, info: _OpInfo, device: torch.device, args: tuple, kwargs: dict,
+               float64: bool = False) -> Any:
         results = self.results
         try:
             with torch.no_grad():
                 # pristine copies of written arguments: their input rows and dumps show what the op received
-                ref = reference.build_reference(args, kwargs, device.type == "cpu", info.half_to_float, info.written,
-                                                keep_pristine=True)
+                ref = reference.build_reference(args, kwargs, float64 or device.type == "cpu", info.half_to_float,
+                                                info.written, keep_pristine=True)
         except Exception as exc:
             out = func(*args, **kwargs)
             results.add_error(str(func), "copying the inputs for the reference", exc)
@@ -329,8 +408,31 @@ class OnlineDispatchMode(TorchDispatchMode):
         if failing:
             results.add_failure(FailedOp(job.prefix, str(job.func), [leaf_summary(r) for r in failing], dumped),
                                 job.prefix, job.info.overload)
+            if isinstance(job.func, _GraphOp):
+                self._localise(job, failing[0].name)
         if self.options.debug:
             logger.info("online_dispatch: %s (%s) %s", job.prefix, job.func, "Failed" if failing else "Pass")
+
+    def _localise(self, job: _Job, leaf: str) -> None:
+        """The first node of a failing graph that loses the precision, and its reproduction
+        (probes.compiled.localize), once per graph; in the summary's ``graphs``."""
+        graph = job.func.graph
+        entry = self.results.graphs.setdefault(graph.name, graph_runs.GraphReport(
+            graph.name, graph.where, graph.backend_name, len(graph.nodes)))
+        entry.flagged += 1
+        if entry.localisation is not None or entry.errors:
+            return
+        tail = leaf.rsplit("_output.", 1)
+        index = int(tail[1].split(".")[0]) if len(tail) == 2 and tail[1].split(".")[0].isdigit() else None
+        try:
+            found = localise_and_reproduce(graph, job.args, self.results.run_dir / "graphs", index)
+        except Exception as exc:
+            entry.errors.append(f"localising: {type(exc).__name__}: {exc}")
+            return
+        if found is not None:
+            entry.localisation = found
+            logger.warning("online_dispatch: %s (%s, %s) loses precision at %s; reproduction in %s", job.prefix,
+                           graph.where, graph.backend_name, found.describe(), found.repro)
 
     def _dump(self, job: _Job) -> None:
         run_dir = self.results.run_dir

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from probes.core.config import non_negative_int
 from probes.core.dispatch_metrics import RULES
 from probes.core.errors import ConfigError
 
@@ -37,11 +38,15 @@ class DispatchOptions:
     debug: bool
     background: bool | str = "auto"
     rule: str = "both"
+    # which calls of each torch.compile graph are compared (probes/compiled): the first
+    # `compiled_first`, then every `compiled_every`-th (0: none)
+    compiled_first: int = 1
+    compiled_every: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {"dump_mode": self.dump_mode, "api_list": list(self.api_list), "dump_path": str(self.dump_path),
                 "tag": self.tag, "process_num": self.process_num, "debug": self.debug, "background": self.background,
-                "rule": self.rule}
+                "rule": self.rule, "compiled_first": self.compiled_first, "compiled_every": self.compiled_every}
 
 
 def _aten_names() -> set[str]:
@@ -104,7 +109,8 @@ def _check_dump_path(dump_path: Any) -> Path:
 
 
 def validate(dump_mode: Any, api_list: Any, dump_path: Any, tag: Any, process_num: Any, debug: Any,
-             background: Any = "auto", rule: Any = "both") -> DispatchOptions:
+             background: Any = "auto", rule: Any = "both", compiled_first: Any = 1,
+             compiled_every: Any = 0) -> DispatchOptions:
     if not isinstance(dump_mode, str) or dump_mode not in DUMP_MODES:
         hint = ""
         if isinstance(dump_mode, str):
@@ -132,5 +138,7 @@ def validate(dump_mode: Any, api_list: Any, dump_path: Any, tag: Any, process_nu
     names = _check_api_list(api_list, dump_mode)
     if names and dump_mode != "list":
         logger.warning('online_dispatch: api_list is used only with dump_mode="list" (dump_mode=%r)', dump_mode)
+    first = non_negative_int("compiled_first", compiled_first, 1)
+    every = non_negative_int("compiled_every", compiled_every, 0)
     path = _check_dump_path(dump_path)
-    return DispatchOptions(dump_mode, names, path, tag, process_num, debug, background, rule)
+    return DispatchOptions(dump_mode, names, path, tag, process_num, debug, background, rule, first, every)

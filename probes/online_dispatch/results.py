@@ -119,6 +119,7 @@ class RunResults:
     accuracy_counts: Counter = field(default_factory=Counter)
     failed_rules: Counter = field(default_factory=Counter)  # FailedRule -> output rows
     skipped: dict = field(default_factory=dict)  # (reason, op overload) -> calls
+    graphs: dict = field(default_factory=dict)  # compiled graph name -> probes.compiled.runs.GraphReport
     failed_ops: list[FailedOp] = field(default_factory=list)
     errors: Counter = field(default_factory=Counter)  # "op: what: error" -> times
     devices: Counter = field(default_factory=Counter)
@@ -177,6 +178,7 @@ class RunResults:
             "skipped_calls": {reason: sum(ops.values()) for reason, ops in by_reason.items()},
             "skipped": by_reason,
             "probe_errors": dict(self.errors),
+            **({"graphs": [g.to_dict() for _n, g in sorted(self.graphs.items())]} if self.graphs else {}),
         }
 
     def flush(self) -> None:

@@ -32,9 +32,10 @@ NO_TENSOR = "called without tensors"
 UNSUPPORTED_TENSOR = "tensor subclass, meta, sparse or other non-strided tensors"
 NO_CPU_KERNEL = "the reference run failed on the CPU (first failure recorded in the CSV)"
 NO_CPU_REFERENCE = "a torch_npu operator without a CPU reference in probes/backends/npu_references.py"
+HIGHER_ORDER = "higher-order operator (cond, while_loop, ...): it runs with its sub-graphs unchecked"
 
 REASONS = (FACTORY, UNINITIALISED, CONSTANT_FILL, RNG, VIEW, COPY, COLLECTIVE, HOST_SYNC, DEVICE_QUERY,
-           NO_TENSOR, UNSUPPORTED_TENSOR, NO_CPU_KERNEL, NO_CPU_REFERENCE)
+           NO_TENSOR, UNSUPPORTED_TENSOR, NO_CPU_KERNEL, NO_CPU_REFERENCE, HIGHER_ORDER)
 
 _BY_NAME: dict[str, str] = {}
 for _reason, _names in (

@@ -41,8 +41,11 @@ class PtdbgDispatch(OnlineDispatchMode):
         process_num: int = 0,
         background: bool | str = "auto",
         rule: str = "both",
+        compiled_first: int = 1,
+        compiled_every: int = 0,
     ) -> None:
-        super().__init__(validate(dump_mode, api_list, dump_path, tag, process_num, debug, background, rule))
+        super().__init__(validate(dump_mode, api_list, dump_path, tag, process_num, debug, background, rule,
+                                  compiled_first, compiled_every))
 
     def __repr__(self) -> str:
         o: Any = self.options

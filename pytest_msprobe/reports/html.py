@@ -105,6 +105,8 @@ def render_html(session: Mapping[str, Any], out_path: str | os.PathLike[str]) ->
         parts.append(_api_checks_section(session.get("api_checks")))
     if session.get("catalogue"):
         parts.append(_catalogue(session.get("catalogue")))
+    if any(_mapping(t).get("graphs") for t in tests.values()):
+        parts.append(_graphs_section(tests, base))
     parts.append(_tests_section(tests, tool, base, unit))
     parts.append(_errors_section(tests, unit))
     return _write_doc(out, f"msprobe report: {tool}", parts)
@@ -706,6 +708,38 @@ def _tests_section(tests: Mapping[str, Any], tool: str, base: Path, unit: str = 
     return (f'<section id="tests">{title}'
             + _table((unit, "outcome", FINDINGS[tool][1], "evidence", "probe errors"), rows, "wide tests")
             + _more(len(items) - TABLE_MAX_ROWS, f"{unit}s") + "</section>")
+
+
+def _graphs_section(tests: Mapping[str, Any], base: Path) -> str:
+    """torch.compile graphs (probes.compiled): checked, sampled and flagged, the compiled error next
+    to the eager kernels', the first failing node and its reproduction."""
+    rows = []
+    graphs = [(str(nodeid), _mapping(g)) for nodeid, t in tests.items() for g in _list(_mapping(t).get("graphs"))]
+    graphs.sort(key=lambda ng: (-_int(ng[1].get("flagged")), ng[0]))
+    for nodeid, g in graphs[:TABLE_MAX_ROWS]:
+        figures = []
+        for stage in ("forward", "backward"):
+            f = _mapping(g.get(stage))
+            if f:
+                eager = f", eager {_fmt(f.get('eager_ulps'))}" if f.get("eager_ulps") is not None else ""
+                figures.append(f"{stage}: {_fmt(f.get('compiled_ulps'))}{eager} / {_fmt(f.get('threshold_ulps'))} "
+                               f"ulps ({f.get('dtype')})")
+        found = _mapping(g.get("localisation"))
+        node = "\u2014"
+        if found:
+            node = (f"{_code(found.get('node'))} {_e(found.get('target'))} {_e(found.get('source') or '')} "
+                    f"({_e(found.get('where'))}): <a href=\"{_e(_href(found.get('repro'), base))}\">repro</a>")
+        status = (_badge("flagged", "bad") if _int(g.get("flagged")) else
+                  _badge("not checked", "warn") if g.get("not_checked") else _badge("clean", "good"))
+        rows.append((_code(f"Graph.{g.get('graph')}"), _code(nodeid), _e(g.get("backend")),
+                     _e(f"{_int(g.get('calls'))} / {_int(g.get('sampled'))} / {_int(g.get('checked'))}"), status,
+                     _e("; ".join(figures) or (g.get("not_checked") or "\u2014")), node))
+    return ('<section id="graphs"><h2>compiled graphs (torch.compile): compiled code against float64</h2>'
+            "<p>Each graph Dynamo handed the backend, judged on its sampled calls against its eager program in "
+            "float64; the eager kernels' error on the same calls is shown next to the compiled one.</p>"
+            + _table(("graph", "test", "backend", "calls / sampled / checked", "status",
+                      "worst output: compiled, eager / allowed", "first failing node"), rows, "wide", )
+            + _more(len(graphs) - TABLE_MAX_ROWS, "graphs") + "</section>")
 
 
 def _anchor(nodeid: str) -> str:

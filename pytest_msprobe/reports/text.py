@@ -51,6 +51,11 @@ def failure_message(nodeid: str, summary: dict[str, Any], limit: int = 10) -> st
         )
     if len(flagged) > limit:
         lines.append(f"  ... and {len(flagged) - limit} more")
+    graphs = [g for g in summary.get("graphs", []) if g.get("flagged")]
+    if graphs:  # compiled graphs: where they lose it, and how to reproduce it (probes.compiled)
+        from probes.compiled.check import graph_lines
+
+        lines += graph_lines(graphs)
     csvs = summary.get("csv_files") or []
     if csvs:
         lines.append(f"evidence: {csvs[0]}" + (f" (+{len(csvs) - 1} more)" if len(csvs) > 1 else ""))

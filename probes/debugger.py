@@ -80,6 +80,8 @@ class PrecisionDebuggerBase:
     def step(self) -> None:
         if self._tool is not None:
             self._tool.step()
+        elif self._monitor is not None and hasattr(self._monitor, "step"):
+            self._monitor.step()  # grad_probe on a compiled MindSpore step: read its statistics
 
     def __enter__(self) -> PrecisionDebuggerBase:
         self.start()

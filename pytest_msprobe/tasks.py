@@ -36,6 +36,11 @@ class FreeBenchmarkTask:
         result["framework"] = summary.get("framework", "")
         if summary.get("graphs"):
             result["graphs"] = summary["graphs"]
+        from probes.free_benchmark.exclusions import COMPILED
+
+        compiled = summary.get("not_checked", {}).get(COMPILED)
+        if compiled:  # compiled MindSpore graphs: free_benchmark does not reach inside them
+            result["compiled_not_checked"] = compiled
         return result
 
     def flagged(self, result: dict[str, Any]) -> list[str]:
@@ -71,7 +76,15 @@ class FreeBenchmarkTask:
         )
 
     def table_lines(self, table: dict[str, Any], results: list[tuple[str, dict[str, Any]]]) -> list[str]:
-        return risky_table_lines(table)
+        lines = risky_table_lines(table)
+        compiled = [(nodeid, r["compiled_not_checked"]) for nodeid, r in results if r.get("compiled_not_checked")]
+        if compiled:
+            calls = sum(sum(c.values()) for _, c in compiled)
+            lines.append(f"{len(compiled)} test(s) ran compiled MindSpore code that free_benchmark does not check "
+                         f"({calls} call(s) of mindspore.jit functions or GRAPH_MODE cells; free_benchmark checks "
+                         "PyNative calls, as msprobe; grad_probe does check compiled steps): "
+                         + ", ".join(nodeid for nodeid, _ in compiled[:5]) + (" ..." if len(compiled) > 5 else ""))
+        return lines
 
 
 class GradProbeTask:

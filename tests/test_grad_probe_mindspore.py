@@ -118,7 +118,8 @@ def torch_header(tmp_path: Path, level: str, bounds: Any = None) -> bytes:
 
 
 def hooks(opt: nn.Cell) -> int:
-    return len(opt._forward_pre_hook)
+    """1 while a monitor watches `opt` (its monitored class, probes/grad_probe/mindspore_graph.py), else 0."""
+    return int(hasattr(type(opt), "_msprobe_base"))
 
 
 @pytest.mark.parametrize(("level", "optimizer"), [("L0", "SGD"), ("L1", "Momentum"), ("L2", "SGD")])
@@ -288,12 +289,16 @@ def test_empty_bf16_and_bad_gradients(tmp_path: Path) -> None:
         strict.stop()
 
 
-def test_graph_mode_is_refused(tmp_path: Path) -> None:
+def test_graph_mode_is_monitored_and_a_second_monitor_is_refused(tmp_path: Path) -> None:
+    """GRAPH_MODE is supported (tests/test_grad_probe_mindspore_graph.py); one monitor per optimizer."""
     opt = nn.SGD(MLP().trainable_params(), learning_rate=0.1)
     ms.set_context(mode=ms.GRAPH_MODE)
     try:
-        with pytest.raises(ProbeError, match="PyNative"):
-            MindSporeGradMonitor(config(tmp_path), opt)
+        mon = MindSporeGradMonitor(config(tmp_path), opt)
+        assert hooks(opt) == 1
+        with pytest.raises(ProbeError, match="already monitored"):
+            MindSporeGradMonitor(config(tmp_path / "second"), opt)
+        mon.stop()
     finally:
         ms.set_context(mode=ms.PYNATIVE_MODE)
     assert hooks(opt) == 0

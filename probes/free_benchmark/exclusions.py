@@ -17,6 +17,8 @@ COLLECTIVE = "collective communication: re-running it would issue it again on ev
 OPTIMIZER = "fused optimizer kernel: mutates parameters and optimizer state"
 ACCESSOR = "returns metadata or a Python value, not a tensor computation"
 SIDE_EFFECT = "has side effects on autograd, storage or streams"
+COMPILED = ("compiled MindSpore graph (mindspore.jit or GRAPH_MODE): its calls run inside the graph, where "
+            "free_benchmark does not reach (PyNative calls only, as msprobe)")
 IN_OPTIMIZER_STEP = ("called inside optimizer.step(): the update is the optimizer's, left out as msprobe leaves out "
                      "fused optimizer kernels (so a model checks the same APIs whether its optimizer runs fused, "
                      "foreach or per tensor)")

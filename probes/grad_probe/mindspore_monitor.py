@@ -1,20 +1,24 @@
-"""The MindSpore gradient monitor (PyNative mode): per-parameter gradient statistics just before each
-optimizer call, in the same files as the PyTorch monitor.
+"""The MindSpore gradient monitor: per-parameter gradient statistics at each optimizer call, in the
+same files as the PyTorch monitor, in PyNative, in GRAPH_MODE and under ``mindspore.jit``.
 
-``MindSporeGradMonitor(config, optimizer)`` registers a forward pre-hook on the optimizer Cell; the
-hook receives the optimizer's input ``(gradients,)`` and gradient *i* belongs to parameter *i* of
-``optimizer._parameters`` (or ``optimizer.parameters``), named by ``Parameter.name``
-(``fc1.weight``). For every selected step it writes ``{dump_path}/rank{R}/grad_summary_{N}.csv``
-(and at L1/L2 ``rank{R}/step{N}/{param}.npy``) with exactly the bytes the PyTorch monitor writes
-(:mod:`probes.grad_probe.csv_format`: ``param_name`` header, BOM, CRLF), plus
-``rank{R}/summary.json``, so :class:`~probes.grad_probe.comparator.GradComparator` compares a
-MindSpore run with a PyTorch run of the same model.
+``MindSporeGradMonitor(config, optimizer)`` gives the optimizer a monitored class of its own
+(probes/grad_probe/mindspore_graph.py). Called from Python, the optimizer's input ``(gradients,)``
+reaches :meth:`_hook` first (the host path below), then the optimizer's own ``construct`` runs as
+without the monitor; called inside a compiled graph, the graph writes the statistics into the
+monitor's buffers and :meth:`graph_step` reads them after the compiled call. Gradient *i* belongs to
+parameter *i* of ``optimizer._parameters`` (or ``optimizer.parameters``), named by
+``Parameter.name`` (``fc1.weight``). For every selected step it writes
+``{dump_path}/rank{R}/grad_summary_{N}.csv`` (and at L1/L2 ``rank{R}/step{N}/{param}.npy``) with
+exactly the bytes the PyTorch monitor writes (:mod:`probes.grad_probe.csv_format`: ``param_name``
+header, BOM, CRLF), plus ``rank{R}/summary.json``, so
+:class:`~probes.grad_probe.comparator.GradComparator` compares a MindSpore run with a PyTorch run
+of the same model, and a PyNative run with a graph run.
 
 Differences from msprobe 8.3.3 (spec grad_probe_online_dispatch.md §2.2, §3, §7 B-G5, B-G6, B-G8):
 
-* PyNative mode only; graph (static) mode is refused with a ProbeError at ``monitor()`` (the
-  reference's graph-mode path writes a different header spelling and depends on ``TensorDump``
-  file naming of MindSpore <= 2.4).
+* Graph mode writes the PyNative files (the reference's graph-mode path writes a different header
+  spelling and depends on ``TensorDump`` file naming of MindSpore <= 2.4), with the step and rank
+  filters and the L0 checksum.
 * Each step's CSV is written atomically and replaces an existing one (the reference appends a second
   header + rows block, B-G8). Parameter names with characters outside ``[A-Za-z0-9_.-]`` are
   percent-encoded in file names (the reference raises at L1/L2, B-G8).
@@ -38,7 +42,8 @@ Differences from msprobe 8.3.3 (spec grad_probe_online_dispatch.md §2.2, §3, �
   counts every call of the optimizer from 0; only selected steps are written.
 * ``param_list`` entries matching no parameter raise ConfigError with close matches (the reference
   drops the whole list). Errors inside the hook are recorded in ``summary.json`` ``errors`` and
-  never reach the training loop unless ``config.strict``. :meth:`stop` removes the hook.
+  never reach the training loop unless ``config.strict``. :meth:`stop` reads the last compiled
+  step and gives the optimizer its own class back.
 * ``names=``: rename parameters (a mapping MindSpore name -> reported name, or a sequence of names
   by position), e.g. to line a MindSpore run up with a PyTorch run whose names differ.
 """
@@ -54,11 +59,12 @@ import array_api_compat.numpy as np_xp
 import mindspore as ms
 import numpy as np
 
+from probes.backends import mindspore_compiled
 from probes.backends import mindspore_xp as xp
 from probes.backends.mindspore_backend import BACKEND
 from probes.core.config import ProbeConfig
 from probes.core.errors import ProbeError
-from probes.grad_probe import csv_format, stats
+from probes.grad_probe import csv_format, mindspore_graph, stats
 from probes.grad_probe.monitor_common import MonitorBase, check_param_list
 
 __all__ = ["GradMonitor", "MindSporeGradMonitor"]
@@ -75,10 +81,10 @@ _LOW_PRECISION = ("float16", "bfloat16")
 
 
 class MindSporeGradMonitor(MonitorBase):
-    """Gradient statistics of a MindSpore optimizer's parameters, taken in a forward pre-hook on
-    the optimizer Cell (PyNative mode). ``optimizer``: an ``nn.Optimizer`` (or any Cell called with
-    ``(gradients,)`` whose ``_parameters`` / ``parameters`` lists the parameters in gradient order).
-    """
+    """Gradient statistics of a MindSpore optimizer's parameters, taken at each of its calls, from
+    Python or inside a compiled graph (module docstring). ``optimizer``: an ``nn.Optimizer`` (or
+    any Cell called with ``(gradients,)`` whose ``_parameters`` / ``parameters`` lists the
+    parameters in gradient order)."""
 
     framework = "mindspore"
 
@@ -89,7 +95,10 @@ class MindSporeGradMonitor(MonitorBase):
         self._optimizer: weakref.ref[Any] | None = None
         self._names: list[str] = []  # gradient position i -> name
         self._count = -1  # optimizer calls seen - 1
-        self._handles: list[Any] = []
+        self._buffers: Any = None  # the in-graph statistics of compiled steps (mindspore_graph)
+        self._graph_seen = 0  # the buffers' count when the host last read them
+        self.steps_by_path = {"host": 0, "graph": 0}  # steps recorded by each path
+        self.graph_steps_lost = 0  # optimizer calls inside one compiled call, beyond the last
         self.upcasts: dict[str, set[str]] = {}  # dtype -> ops computed on a float32 upcast
         if optimizer is not None:
             self.monitor(optimizer, names=names)
@@ -103,12 +112,6 @@ class MindSporeGradMonitor(MonitorBase):
             raise ProbeError("this MindSporeGradMonitor was stopped; create a new one")
         if not isinstance(optimizer, ms.nn.Cell):
             raise TypeError(f"monitor() needs a MindSpore optimizer (nn.Cell), got {type(optimizer).__name__}")
-        mode = ms.get_context("mode")
-        if mode != ms.PYNATIVE_MODE:
-            raise ProbeError(
-                "grad_probe on MindSpore supports PyNative mode only "
-                f"(mindspore.get_context('mode') is {mode}); call mindspore.set_context(mode=mindspore.PYNATIVE_MODE)"
-            )
         current = self._optimizer() if self._optimizer is not None else None
         if current is optimizer:
             return self
@@ -120,7 +123,12 @@ class MindSporeGradMonitor(MonitorBase):
         self._params = list(zip(own, params))
         self._names = own
         self._optimizer = weakref.ref(optimizer)
-        self._handles.append(optimizer.register_forward_pre_hook(self._hook))
+        wanted = {n for n, _ in self.selected}
+        self._buffers = mindspore_graph.GraphBuffers(
+            [(i, n, p) for i, (n, p) in enumerate(self._params) if n in wanted], self.level, self.bounds,
+            self.histogram, _graph_compute_dtype())
+        mindspore_graph.install(optimizer, self, self._buffers)
+        mindspore_compiled.subscribe(self._compiled_call)
         self._activate()
         return self
 
@@ -144,22 +152,74 @@ class MindSporeGradMonitor(MonitorBase):
         except Exception:  # not initialised / no communication backend
             return 0
 
-    # ------------------------------------------------------------------ hook
+    # ------------------------------------------------------------------ the two paths
     def _hook(self, cell: Any, inputs: Any) -> None:
+        """The optimizer called from Python: statistics of its input gradients, on the host."""
         if self._closed:
             return
         self._count += 1
         count = self.current_step = self._count
         try:
-            if self.rank is None:
-                self.rank = self._resolve_rank()
-            if not (self.config.selects_rank(self.rank) and self.config.selects_step(count)):
+            if not self._selected_step(count):
                 return
             self._dump(count, self._gradients(inputs))
+            self.steps_by_path["host"] += 1
         except Exception as exc:  # never break the training loop unless strict
             self._record_error(count, None, exc)
             if self.config.strict:
                 raise self._strict_failure(count, exc) from exc
+
+    def graph_step(self) -> None:
+        """Read what compiled steps wrote into the buffers since the last read (after every
+        compiled call, and at step() / stop()): one small read of the count, the statistics of the
+        latest step when it moved."""
+        if self._closed or self._buffers is None:
+            return
+        try:
+            count = self._buffers.read_count()
+            moved = count - self._graph_seen
+            if moved <= 0:
+                return
+            self._graph_seen = count
+            self._count += moved
+            step = self.current_step = self._count
+            skipped = [s for s in range(step - moved + 1, step) if self._selected_step(s)]
+            self.graph_steps_lost += len(skipped)
+            if skipped:
+                self._dirty = True
+            if self._selected_step(step):
+                self._dump_buffers(step)
+                self.steps_by_path["graph"] += 1
+        except Exception as exc:  # never break the training loop unless strict
+            self._record_error(self.current_step, None, exc)
+            if self.config.strict:
+                raise self._strict_failure(self.current_step or 0, exc) from exc
+
+    def step(self) -> None:
+        """The end of a training step: read a compiled step's statistics (a no-op when they were
+        read as the compiled call returned, or when the optimizer ran from Python)."""
+        self.graph_step()
+
+    def _compiled_call(self, name: str, owner: Any) -> None:
+        self.graph_step()
+
+    def _selected_step(self, step: int) -> bool:
+        if self.rank is None:
+            self.rank = self._resolve_rank()
+        return self.config.selects_rank(self.rank) and self.config.selects_step(step)
+
+    def _dump_buffers(self, step: int) -> None:
+        rank = self.rank or 0
+        rows, directions, copies = self._buffers.read()
+        records, files = [], []
+        for name, shape, row, positive, copy in zip(self._buffers.names, self._buffers.shapes, rows, directions,
+                                                    copies):
+            md5 = stats.crc32_hex(copy) if copy is not None else None
+            records.append(stats.split_stats(name, shape, row, self.bounds, self.histogram, md5))
+            if positive is not None:
+                files.append((csv_format.direction_path(self.dump_path, rank, step, name), positive))
+        self._compute_dtypes.add(str(self._buffers.compute).lower().replace("mindspore.", ""))
+        self._write_step(step, rank, [], records, files)
 
     def _gradients(self, inputs: Any) -> dict[str, Any]:
         """name -> gradient of this call: gradient i belongs to parameter i."""
@@ -224,20 +284,33 @@ class MindSporeGradMonitor(MonitorBase):
     # ------------------------------------------------------------------ results
     def summary(self) -> dict[str, Any]:
         out = super().summary()
-        out["mode"] = "pynative"
+        out["paths"] = dict(self.steps_by_path)  # steps recorded from Python (host) and from compiled graphs
+        out["mode"] = "graph" if self.steps_by_path["graph"] and not self.steps_by_path["host"] else (
+            "pynative" if not self.steps_by_path["graph"] else "mixed")
+        out["steps_not_recorded"] = {"count": self.graph_steps_lost, "reason": (
+            "the optimizer ran more than once inside one compiled call: its in-graph buffers hold the "
+            "latest step only") if self.graph_steps_lost else ""}
         out["upcasts"] = {d: {"to": "float32", "ops": sorted(ops)} for d, ops in sorted(self.upcasts.items())}
         return out
 
     # ------------------------------------------------------------------ teardown
+    def stop(self) -> None:
+        """Read the last compiled step, then remove the monitored class and write summary.json."""
+        if not self._closed:
+            self.graph_step()
+        super().stop()
+
     def remove(self) -> None:
-        """Remove every hook this monitor installed. Idempotent."""
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
+        """Give the optimizer its own class back and stop watching compiled calls. Idempotent."""
+        optimizer = self._optimizer() if self._optimizer is not None else None
+        if optimizer is not None:
+            mindspore_graph.uninstall(optimizer)
+        mindspore_compiled.unsubscribe(self._compiled_call)
 
     @property
     def running(self) -> bool:
-        return not self._closed and bool(self._handles)
+        optimizer = self._optimizer() if self._optimizer is not None else None
+        return not self._closed and optimizer is not None
 
 
 GradMonitor = MindSporeGradMonitor
@@ -285,6 +358,11 @@ def _synchronize() -> None:
     sync = getattr(getattr(ms, "runtime", None), "synchronize", None)
     if sync is not None:
         sync()
+
+
+def _graph_compute_dtype() -> Any:
+    """float64 for the in-graph statistics, float32 where the target has no float64 (Ascend)."""
+    return ms.float32 if ms.get_context("device_target") == "Ascend" else ms.float64
 
 
 def _optimizer_parameters(opt: Any) -> Sequence[Any]:

@@ -1,10 +1,12 @@
-"""Every MindSpore optimizer called while the watch is on gets a MindSporeGradMonitor
-(whole-suite mode, PyNative).
+"""Every MindSpore optimizer created or called while the watch is on gets a MindSporeGradMonitor
+(whole-suite mode; PyNative, GRAPH_MODE and ``mindspore.jit`` steps alike).
 
-MindSpore has no global optimizer hook, so the watch wraps ``mindspore.nn.Optimizer.__call__``
-(inherited by Adam, SGD, ...; an optimizer class defining its own ``__call__`` is wrapped too)
-and monitors each optimizer at its first call, before the call runs, so that first step is
-recorded. The original attributes are put back at stop().
+MindSpore has no global optimizer hook, so the watch wraps ``mindspore.nn.Optimizer.__init__``
+(an optimizer made during the test is monitored as soon as its parameters are known, which a
+compiled step needs: it never calls the optimizer from Python) and ``__call__`` (inherited by Adam,
+SGD, ...; an optimizer class defining its own ``__call__`` is wrapped too: an optimizer made before
+the test is monitored at its first call from Python, before the call runs, so that first step is
+recorded). The original attributes are put back at stop().
 """
 
 from __future__ import annotations
@@ -28,33 +30,47 @@ class MindSporeOptimizerWatch(OptimizerWatchBase):
     def __init__(self, config: ProbeConfig) -> None:
         super().__init__(config)
         self._seen: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
-        self._saved: list[tuple[type, Any]] = []
+        self._saved: list[tuple[type, str, Any]] = []
 
     def _install(self) -> None:
         for cls in _optimizer_classes():
             original = cls.__dict__.get("__call__", _MISSING)
-            self._saved.append((cls, original))
+            self._saved.append((cls, "__call__", original))
             call = original if original is not _MISSING else cls.__call__
             cls.__call__ = self._wrap(call)
+        init = ms.nn.Optimizer.__dict__["__init__"]
+        self._saved.append((ms.nn.Optimizer, "__init__", init))
+        ms.nn.Optimizer.__init__ = self._wrap_init(init)
 
     def _uninstall(self) -> None:
-        for cls, original in reversed(self._saved):
+        for cls, name, original in reversed(self._saved):
             if original is _MISSING:
-                delattr(cls, "__call__")
+                delattr(cls, name)
             else:
-                cls.__call__ = original
+                setattr(cls, name, original)
         self._saved.clear()
+
+    def _watch(self, optimizer: Any) -> None:
+        if self.running and optimizer not in self._seen:
+            self._seen[optimizer] = True
+            try:
+                self.monitors.append(MindSporeGradMonitor(self.config_for(len(self.monitors)), optimizer))
+            except Exception as exc:
+                self._monitor_failed(exc)
 
     def _wrap(self, call: Any) -> Any:
         @functools.wraps(call)
         def wrapper(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
-            if self.running and optimizer not in self._seen:
-                self._seen[optimizer] = True
-                try:
-                    self.monitors.append(MindSporeGradMonitor(self.config_for(len(self.monitors)), optimizer))
-                except Exception as exc:
-                    self._monitor_failed(exc)
+            self._watch(optimizer)
             return call(optimizer, *args, **kwargs)
+
+        return wrapper
+
+    def _wrap_init(self, init: Any) -> Any:
+        @functools.wraps(init)
+        def wrapper(optimizer: Any, *args: Any, **kwargs: Any) -> None:
+            init(optimizer, *args, **kwargs)
+            self._watch(optimizer)  # the parameter list is known once the base class made it
 
         return wrapper
 

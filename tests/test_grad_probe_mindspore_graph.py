@@ -188,3 +188,61 @@ def test_free_benchmark_lists_the_compiled_calls_it_does_not_check(tmp_path, res
     not_checked = {reason: apis for reason, apis in summary["not_checked"].items() if "compiled" in reason}
     assert not_checked and list(not_checked.values())[0] == {"Graph.compiled": 2}
     assert summary["apis"]
+
+
+def test_an_optimizer_whose_construct_takes_more_than_the_gradients_is_recorded_from_python_only(
+        tmp_path, restore_mode):
+    class Scaled(nn.Optimizer):
+        def __init__(self, params):
+            super().__init__(0.1, params)
+
+        def construct(self, gradients, scale):  # not the nn.Optimizer signature: the graph path steps aside
+            for i in range(len(gradients)):
+                ops.assign_sub(self._parameters[i], gradients[i] * scale)
+            return True
+
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    net = MLP()
+    opt = Scaled(net.trainable_params())
+    debugger = PrecisionDebugger(config={"task": "grad_probe", "dump_path": str(tmp_path / "d")})
+    monitor = debugger.monitor(opt)
+    grads = tuple(ms.Tensor(np.ones(p.shape, np.float32)) for p in opt.parameters)
+    opt(grads, ms.Tensor(0.5, ms.float32))  # from Python: recorded
+    debugger.stop()
+    summary = monitor.summary()
+    assert summary["steps_written"] == [0] and "takes 2 arguments" in summary["compiled_steps"]
+    assert type(opt) is Scaled
+
+
+PLUGIN_SUITE = """
+import mindspore as ms
+import numpy as np
+from mindspore import nn, ops
+
+def test_graph_mode_training():
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        np.random.seed(0)
+        ms.set_seed(0)
+        net = nn.SequentialCell(nn.Dense(8, 16), nn.ReLU(), nn.Dense(16, 4))
+        opt = nn.Adam(net.trainable_params(), learning_rate=1e-2)
+        train = nn.TrainOneStepCell(nn.WithLossCell(net, nn.MSELoss()), opt)
+        x = ms.Tensor(np.random.randn(16, 8).astype(np.float32))
+        y = ms.Tensor(np.random.randn(16, 4).astype(np.float32))
+        for _ in range(3):
+            train(x, y)
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+"""
+
+
+def test_the_plugin_records_a_graph_mode_test_under_grad_probe(pytester):
+    pytester.makepyfile(test_graph_suite=PLUGIN_SUITE)
+    dump = pytester.path / "out"
+    result = pytester.runpytest_subprocess("--msprobe-task=grad_probe", f"--msprobe-dump-path={dump}", "-p",
+                                           "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    summary, = list(dump.rglob("rank0/summary.json"))
+    data = json.loads(summary.read_text())
+    assert data["steps_written"] == [0, 1, 2] and data["paths"]["graph"] == 3
+    assert (summary.parent / "step2" / "0.weight.npy").is_file() or any((summary.parent / "step2").iterdir())

@@ -26,6 +26,7 @@ gradient (its checksum is taken on the host).
 
 from __future__ import annotations
 
+import inspect
 import weakref
 from typing import Any
 
@@ -35,7 +36,7 @@ from mindspore import nn, ops
 
 from probes.grad_probe import stats
 
-_CLASSES: dict[type, type] = {}
+_CLASSES: dict[tuple[type, bool], type] = {}
 ORIGINAL = "_msprobe_original"  # the optimizer class's own construct, as a method of the monitored class
 
 
@@ -130,21 +131,42 @@ def _call(self: Any, *args: Any, **kwargs: Any) -> Any:
         object.__delattr__(self, "construct")
 
 
-def monitored_class(base: type) -> type:
-    """The monitored subclass of an optimizer class (made once per class)."""
-    cls = _CLASSES.get(base)
+def monitored_class(base: type, graph: bool = True) -> type:
+    """The monitored subclass of an optimizer class (made once per class and kind): with `graph`,
+    its construct records in compiled graphs; without, only ``__call__`` is the monitor's."""
+    cls = _CLASSES.get((base, graph))
     if cls is None:
         original = base.construct
         raw = getattr(original, "__wrapped__", original)  # the function under @jit
-        cls = type(f"GradProbe{base.__name__}", (base,), {
-            "construct": construct, "_msprobe_record": record, ORIGINAL: raw, "__call__": _call,
-            "__module__": base.__module__, "_msprobe_base": base})
-        _CLASSES[base] = cls
+        members = {ORIGINAL: raw, "__call__": _call, "__module__": base.__module__, "_msprobe_base": base}
+        if graph:
+            members.update(construct=construct, _msprobe_record=record)
+        cls = type(f"GradProbe{base.__name__}", (base,), members)
+        _CLASSES[(base, graph)] = cls
     return cls
 
 
-def install(optimizer: Any, monitor: Any, buffers: GraphBuffers) -> None:
-    """Give `optimizer` the monitored class and the buffers (undone by `uninstall`)."""
+def supports(base: type) -> str | None:
+    """None when the monitored class can stand in for `base` in a graph, else why not: its
+    ``construct`` must take the gradients alone (``construct(self, gradients)``), as every
+    ``nn.Optimizer`` does."""
+    original = base.construct
+    raw = getattr(original, "__wrapped__", original)
+    try:
+        params = list(inspect.signature(raw).parameters.values())
+    except (TypeError, ValueError):
+        return f"{base.__name__}.construct has no inspectable signature"
+    plain = [p for p in params[1:] if p.default is inspect.Parameter.empty and p.kind in (
+        inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    if len(plain) != 1 or any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
+        return f"{base.__name__}.construct takes {len(params) - 1} arguments, not the gradients alone"
+    return None
+
+
+def install(optimizer: Any, monitor: Any, buffers: GraphBuffers | None) -> None:
+    """Give `optimizer` the monitored class and the buffers (undone by `uninstall`); without
+    buffers (an optimizer `supports` refuses) its construct stays its own: only calls from Python
+    are recorded."""
     base = type(optimizer)
     if hasattr(base, "_msprobe_base"):
         from probes.core.errors import ProbeError
@@ -152,8 +174,9 @@ def install(optimizer: Any, monitor: Any, buffers: GraphBuffers) -> None:
         raise ProbeError(f"this {base._msprobe_base.__name__} optimizer is already monitored by a grad_probe "
                          "monitor: stop that one first")
     object.__setattr__(optimizer, "_msprobe_monitor", weakref.ref(monitor))
-    optimizer._msprobe_buffers = buffers  # a sub-cell: its Parameters are the graph's
-    optimizer.__class__ = monitored_class(base)
+    if buffers is not None:
+        optimizer._msprobe_buffers = buffers  # a sub-cell: its Parameters are the graph's
+    optimizer.__class__ = monitored_class(base, graph=buffers is not None)
 
 
 def uninstall(optimizer: Any) -> None:

@@ -99,6 +99,7 @@ class MindSporeGradMonitor(MonitorBase):
         self._graph_seen = 0  # the buffers' count when the host last read them
         self.steps_by_path = {"host": 0, "graph": 0}  # steps recorded by each path
         self.graph_steps_lost = 0  # optimizer calls inside one compiled call, beyond the last
+        self.graph_unsupported: str | None = None  # why compiled steps cannot be recorded
         self.upcasts: dict[str, set[str]] = {}  # dtype -> ops computed on a float32 upcast
         if optimizer is not None:
             self.monitor(optimizer, names=names)
@@ -123,12 +124,17 @@ class MindSporeGradMonitor(MonitorBase):
         self._params = list(zip(own, params))
         self._names = own
         self._optimizer = weakref.ref(optimizer)
-        wanted = {n for n, _ in self.selected}
-        self._buffers = mindspore_graph.GraphBuffers(
-            [(i, n, p) for i, (n, p) in enumerate(self._params) if n in wanted], self.level, self.bounds,
-            self.histogram, _graph_compute_dtype())
+        why_not = mindspore_graph.supports(type(optimizer))
+        if why_not is None:
+            wanted = {n for n, _ in self.selected}
+            self._buffers = mindspore_graph.GraphBuffers(
+                [(i, n, p) for i, (n, p) in enumerate(self._params) if n in wanted], self.level, self.bounds,
+                self.histogram, _graph_compute_dtype())
+            mindspore_compiled.subscribe(self._compiled_call)
+        else:  # the host path alone: calls from Python are recorded, compiled steps are not
+            self.graph_unsupported = why_not
+            log.warning("grad_probe: %s: steps compiled with mindspore.jit or GRAPH_MODE are not recorded", why_not)
         mindspore_graph.install(optimizer, self, self._buffers)
-        mindspore_compiled.subscribe(self._compiled_call)
         self._activate()
         return self
 
@@ -223,7 +229,9 @@ class MindSporeGradMonitor(MonitorBase):
 
     def _gradients(self, inputs: Any) -> dict[str, Any]:
         """name -> gradient of this call: gradient i belongs to parameter i."""
-        grads = inputs[0] if isinstance(inputs, (tuple, list)) and len(inputs) == 1 else inputs
+        # the optimizer's first argument: the gradients (a tuple), whatever else it takes
+        grads = inputs[0] if isinstance(inputs, (tuple, list)) and inputs and isinstance(inputs[0], (tuple, list)) \
+            else inputs
         grads = list(grads)
         if len(grads) != len(self._names):
             raise ProbeError(f"the optimizer got {len(grads)} gradients for {len(self._names)} parameters")
@@ -290,6 +298,8 @@ class MindSporeGradMonitor(MonitorBase):
         out["steps_not_recorded"] = {"count": self.graph_steps_lost, "reason": (
             "the optimizer ran more than once inside one compiled call: its in-graph buffers hold the "
             "latest step only") if self.graph_steps_lost else ""}
+        if self.graph_unsupported:
+            out["compiled_steps"] = f"not recorded: {self.graph_unsupported}"
         out["upcasts"] = {d: {"to": "float32", "ops": sorted(ops)} for d, ops in sorted(self.upcasts.items())}
         return out
 

@@ -61,7 +61,7 @@ MODES: dict[str, dict[str, str]] = {
 }
 MODE_LABEL = {"fix": "fix+improve_precision"}
 
-TIME_TARGET = {"tiny": 10.0, "medium-fp32": 3.0, "medium-bf16": 3.0, "llama-fp32": 3.0, "llama-bf16": 3.0}
+TIME_TARGET = {"toy": 10.0, "tiny": 10.0, "medium-fp32": 3.0, "medium-bf16": 3.0, "llama-fp32": 3.0, "llama-bf16": 3.0}
 # fp32 improve_precision under the scaled rule re-runs every float32 call in float64 (issue 13: <= 2.5x)
 MODE_TIME_TARGET = {("medium-fp32", "improve_precision/scaled"): 2.5}
 NO_TIME_TARGET = {(m, "to_cpu") for m in ("medium-fp32", "medium-bf16", "llama-fp32", "llama-bf16")}
@@ -124,6 +124,8 @@ class ModelSpec:
 
 
 SPECS: dict[str, ModelSpec] = {
+    # the size of model users' test suites train for a few steps: fixed per-step costs dominate
+    "toy": ModelSpec("toy", torch.float32, steps=50, warmup=10),
     "tiny": ModelSpec("tiny", torch.float32, steps=10, warmup=3),
     "medium-fp32": ModelSpec("medium-fp32", torch.float32, steps=1, warmup=1),
     "medium-bf16": ModelSpec("medium-bf16", torch.bfloat16, steps=1, warmup=1),
@@ -132,7 +134,7 @@ SPECS: dict[str, ModelSpec] = {
     "llama-fp32": ModelSpec("llama-fp32", torch.float32, steps=2, warmup=1),
     "llama-bf16": ModelSpec("llama-bf16", torch.bfloat16, steps=2, warmup=1),
 }
-QUICK_STEPS = {"tiny": 5, "medium-fp32": 1, "medium-bf16": 1, "llama-fp32": 1, "llama-bf16": 1}
+QUICK_STEPS = {"toy": 20, "tiny": 5, "medium-fp32": 1, "medium-bf16": 1, "llama-fp32": 1, "llama-bf16": 1}
 
 
 class Bench:
@@ -149,6 +151,11 @@ class Bench:
             self.x = token_batch()
             self.y = self.x
             self.classes = VOCAB
+        elif spec.name == "toy":  # MLP 32-64-64-10, batch 16
+            self.model = TinyMLP(32, 64, 10).to(spec.dtype)
+            self.x = torch.randn(16, 32, dtype=spec.dtype)
+            self.y = torch.randint(0, 10, (16,))
+            self.classes = 10
         elif spec.name == "tiny":
             self.model = TinyMLP().to(spec.dtype)
             self.x = torch.randn(256, 512, dtype=spec.dtype)

@@ -7,7 +7,7 @@ warm-up; ``time x`` = median(probed pass) / median(plain pass), separately for t
 msprobe requires. ``f64 x`` times the same pass of a float64 copy of the model: the reference
 re-run alone costs about that much, a floor under ``time x`` on a CPU-only machine.
 
-    python benchmarks/online_dispatch_overhead.py                 # tiny + medium, auto, 5 repeats
+    python benchmarks/online_dispatch_overhead.py                 # toy + tiny + medium, auto, 5 repeats
     python benchmarks/online_dispatch_overhead.py --quick         # 3 repeats
     python benchmarks/online_dispatch_overhead.py --process-num 0,1 --models medium --reuse   # the worker pool
     python benchmarks/online_dispatch_overhead.py --background off,on --threads 1              # inline vs thread
@@ -49,7 +49,9 @@ from free_benchmark_overhead import (  # noqa: E402
 )
 
 RESULTS = ROOT / "benchmarks" / "results" / "online_dispatch_overhead.json"
-TIME_TARGET = {"tiny": 30.0, "medium": 5.0}
+TIME_TARGET = {"toy": 12.0, "tiny": 30.0, "medium": 5.0}
+# a toy pass takes well under a millisecond: more repeats for a stable median
+REPEATS_FACTOR = {"toy": 10}
 
 
 class Pass:
@@ -57,8 +59,13 @@ class Pass:
 
     def __init__(self, name: str, dtype: torch.dtype = torch.float32, seed: int = 0) -> None:
         torch.manual_seed(seed)
-        if name == "tiny":
-            self.model: torch.nn.Module = TinyMLP().to(dtype)
+        if name == "toy":  # the size of model test suites train (benchmarks/free_benchmark_overhead.py)
+            self.model: torch.nn.Module = TinyMLP(32, 64, 10).to(dtype)
+            self.x = torch.randn(16, 32, dtype=dtype)
+            self.y = torch.randint(0, 10, (16,))
+            self.classes = 10
+        elif name == "tiny":
+            self.model = TinyMLP().to(dtype)
             self.x = torch.randn(256, 512, dtype=dtype)
             self.y = torch.randint(0, 10, (256,))
             self.classes = 10
@@ -136,7 +143,10 @@ def time_model(name: str, dump_mode: str, process_num: int, repeats: int, warmup
         plain(False)
         probed(False)
         plain(False, f64)
-    for r in range(repeats):
+    for _ in range(warmup * (REPEATS_FACTOR.get(name, 1) - 1)):
+        plain(False)
+        probed(False)
+    for r in range(repeats * REPEATS_FACTOR.get(name, 1)):
         order = (plain, probed) if r % 2 == 0 else (probed, plain)
         for fn in order:
             fn(True)
@@ -146,7 +156,9 @@ def time_model(name: str, dump_mode: str, process_num: int, repeats: int, warmup
         p, q, f = statistics.median(t["plain"]), statistics.median(t["probed"]), statistics.median(t["f64"])
         rows.append({
             "model": name, "phase": phase, "dump_mode": dump_mode, "process_num": process_num, "reuse": reuse,
-            "thread": process_num == 0 and use_reference_thread(background),
+            # "auto": the thread for ops of at least AUTO_THREAD_BYTES, where it can overlap
+            "thread": "auto" if background == "auto" and use_reference_thread("auto") else
+                      "no" if background == "auto" else process_num == 0 and bool(background),
             "plain_ms": p * 1e3, "probed_ms": q * 1e3, "time_ratio": q / p,
             "time_ratio_min": min(t["probed"]) / min(t["plain"]), "f64_ratio": f / p,
             "plain_noise": max(t["plain"]) / min(t["plain"]),
@@ -166,7 +178,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     for r in rows:
         t = r["target"]
         cells.append((
-            r["model"], r["phase"], r["dump_mode"], str(r["process_num"]), "yes" if r["thread"] else "no",
+            r["model"], r["phase"], r["dump_mode"], str(r["process_num"]),
+            r["thread"] if isinstance(r["thread"], str) else "yes" if r["thread"] else "no",
             fmt(r["plain_ms"], ".1f"),
             fmt(r["probed_ms"], ".1f"), fmt(r["time_ratio"], ".2f"), "-" if t is None else f"<={t:g}",
             verdict(r["time_ratio"], t), fmt(r["time_ratio_min"], ".2f"), fmt(r["f64_ratio"], ".2f"),
@@ -177,7 +190,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", default="tiny,medium")
+    ap.add_argument("--models", default="toy,tiny,medium")
     ap.add_argument("--dump-mode", default="auto", choices=("OFF", "auto", "all"))
     ap.add_argument("--process-num", default="0", help="comma-separated, e.g. 0,1")
     ap.add_argument("--background", default="auto",

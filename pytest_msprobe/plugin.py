@@ -520,6 +520,18 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
         options.catalogue_results.extend(json.loads(output["msprobe_catalogue"]))
 
 
+def session_files_dir(root: Path) -> Path:
+    """Where a session's summary.json and report.html go: the dump root, or its ``rank{R}``
+    folder when a launcher (torchrun) started one pytest per rank, so that the ranks' sessions
+    never write the same file (their per-test files are already split by rank)."""
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        rank = int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return root
+    return root / f"rank{rank}" if world > 1 else root
+
+
 def _write_session_files(state: MsprobeSession) -> None:
     from probes.core.writers import write_json_atomic
 
@@ -546,11 +558,12 @@ def _write_session_files(state: MsprobeSession) -> None:
         summary["api_checks"] = options.api_results
     if options.catalogue_results:
         summary["catalogue"] = options.catalogue_results
-    write_json_atomic(state.root / "summary.json", summary)
+    where = session_files_dir(state.root)
+    write_json_atomic(where / "summary.json", summary)
     try:
         from pytest_msprobe.reports.html import render_html
 
-        state.report = render_html(summary, state.root / "report.html")
+        state.report = render_html(summary, where / "report.html")
     except Exception as exc:  # the report is a view of summary.json: never fail the session for it
         state.report_error = f"{type(exc).__name__}: {exc}"
 
@@ -622,7 +635,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         return
     for line in state.task.table_lines(state.table(), state.results):
         tr.write_line(line)
-    tr.write_line(f"details: {os.fspath(state.root / 'summary.json')} and per-test files under {state.root / 'tests'}")
+    summary_path = session_files_dir(state.root) / "summary.json"
+    tr.write_line(f"details: {os.fspath(summary_path)} and per-test files under {state.root / 'tests'}")
     if state.report is not None:
         tr.write_line(f"report: {os.fspath(state.report)}")
     elif state.report_error:

@@ -3,6 +3,7 @@ monitor's hook life cycle (B-G3, B-G4, B-G6, B-G11)."""
 
 from __future__ import annotations
 
+import csv
 import json
 import logging
 import math
@@ -527,3 +528,72 @@ def test_bfloat16_model_stats_in_float64(tmp_path: Path) -> None:
     for cells, (name, g) in zip(rows[1:], seen[0].items()):
         assert g.dtype == torch.bfloat16
         assert_row(cells, expected_row("L2", name, g))
+
+
+def test_batched_statistics_match_one_by_one_and_stay_exact_where_they_must(tmp_path, monkeypatch):
+    """A step's small gradients are reduced together (_foreach kernels): max and min exactly as
+    one by one, the norm to the last digit or so; inf, NaN, -0.0, empty, bf16 and a gradient larger
+    than a chunk all keep their own row, in the parameters' order."""
+
+    from probes.backends import torch_xp
+    from probes.grad_probe import torch_monitor
+
+    calls = []
+    real = torch_xp.extrema
+    monkeypatch.setattr(torch_xp, "extrema", lambda xs, dtype: calls.append(len(xs)) or real(xs, dtype))
+    monkeypatch.setattr(stats, "CHUNK_ELEMENTS", 1000)  # "large": more than 1000 elements
+    grads = {
+        "a": torch.randn(7, 5),
+        "inf": torch.tensor([1.0, float("inf"), -2.0]),
+        "nan": torch.tensor([float("nan"), 1.0]),
+        "zero": torch.tensor([-0.0, 0.0]),
+        "empty": torch.zeros(0),
+        "half": torch.randn(9, dtype=torch.bfloat16),
+        "large": torch.randn(40, 40),
+        "b": torch.randn(3),
+    }
+    params = {}
+    for name, g in grads.items():
+        p = torch.nn.Parameter(torch.zeros_like(g))
+        p.grad = g
+        params[name] = p
+    opt = torch.optim.SGD(params.values(), lr=0.0)
+    dbg = PrecisionDebugger(config={"task": "grad_probe", "dump_path": str(tmp_path), "strict": True,
+                                    "grad_probe": {"grad_level": "L1"}})
+    dbg.monitor(params, opt)
+    opt.step()
+    dbg.stop()
+    assert sorted(calls) == [1, 5]  # float32 small ones together, the bf16 one in its own batch
+    rows = list(csv.reader((tmp_path / "rank0" / "grad_summary_0.csv").read_text(encoding="utf-8-sig").splitlines()))
+    assert [r[0] for r in rows[1:]] == list(grads)
+    for row in rows[1:]:
+        g = grads[row[0]].double()
+        want = stats.stat_vector(xp_torch, g, BOUNDS, False).tolist()
+        got = [float(v) for v in row[1:4]]
+        for w, v in zip(want, got):
+            if np.isnan(w):
+                assert np.isnan(v)
+            else:
+                assert v == pytest.approx(w, rel=1e-14, abs=0.0), (row[0], want, got)
+        assert got[:2] == want[:2] or any(np.isnan(got[:2]))
+        signs = np.load(tmp_path / "rank0" / "step0" / f"{row[0]}.npy")
+        np.testing.assert_array_equal(signs, (grads[row[0]] > 0).numpy())
+    assert torch_monitor.BATCH_ELEMENTS >= stats.CHUNK_ELEMENTS
+
+
+def test_a_batch_that_fails_is_taken_again_parameter_by_parameter(tmp_path, monkeypatch):
+    from probes.backends import torch_xp
+
+    def broken(xs, dtype):
+        raise RuntimeError("no _foreach kernel for this device")
+
+    monkeypatch.setattr(torch_xp, "extrema", broken)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    dbg = PrecisionDebugger(config={"task": "grad_probe", "dump_path": str(tmp_path), "grad_probe": {"grad_level": "L1"}})
+    dbg.monitor(model)
+    model(torch.ones(2, 4)).sum().backward()
+    opt.step()
+    dbg.stop()
+    rows = (tmp_path / "rank0" / "grad_summary_0.csv").read_text(encoding="utf-8-sig").splitlines()
+    assert len(rows) == 1 + 4 and not dbg.summary()["errors"]

@@ -39,8 +39,8 @@ def _train(dump: Path, steps: int = 3, level: str = "L1", device: str = "cpu") -
     return dbg
 
 
-def test_step_files_are_written_off_the_training_thread_and_on_disk_after_stop(tmp_path, monkeypatch):
-    threads = []
+def _writer_threads(monkeypatch) -> list[str]:
+    threads: list[str] = []
     real = csv_format.write_summary_csv
 
     def spy(*args, **kwargs):
@@ -48,13 +48,49 @@ def test_step_files_are_written_off_the_training_thread_and_on_disk_after_stop(t
         return real(*args, **kwargs)
 
     monkeypatch.setattr(csv_format, "write_summary_csv", spy)
+    return threads
+
+
+def test_a_tiny_models_steps_are_written_inline_and_on_disk_after_stop(tmp_path, monkeypatch):
+    # a few KiB per step: a hand-off to a thread would cost more than the write
+    threads = _writer_threads(monkeypatch)
     dbg = _train(tmp_path, steps=4)
+    assert threads == [threading.current_thread().name] * 4
     dbg.stop()
-    assert len(threads) == 4 and all(name.startswith("msprobe-grad_probe-writer") for name in threads)
-    assert threading.current_thread().name not in threads
     rank = tmp_path / "rank0"
     assert sorted(p.name for p in rank.glob("grad_summary_*.csv")) == [f"grad_summary_{i}.csv" for i in range(4)]
     assert len(list((rank / "step3").glob("*.npy"))) == 4
+
+
+def test_large_steps_are_written_off_the_training_thread_and_on_disk_after_stop(tmp_path, monkeypatch):
+    monkeypatch.setattr(BackgroundWriter, "INLINE_BYTES", 0)  # every step counts as large
+    threads = _writer_threads(monkeypatch)
+    dbg = _train(tmp_path, steps=4)
+    dbg.stop()
+    assert len(threads) == 4 and all(name.startswith("msprobe-grad_probe-writer") for name in threads)
+    rank = tmp_path / "rank0"
+    assert sorted(p.name for p in rank.glob("grad_summary_*.csv")) == [f"grad_summary_{i}.csv" for i in range(4)]
+    assert len(list((rank / "step3").glob("*.npy"))) == 4
+    # stop() ends the writer thread: no thread of the probes outlives its run
+    assert not [t for t in threading.enumerate() if t.name.startswith("msprobe-grad_probe-writer")]
+
+
+def test_a_writer_never_waits_for_an_earlier_step_unless_memory_needs_it():
+    release = threading.Event()
+    writer = BackgroundWriter("test", inline_bytes=0, max_pending=100)
+    done: list[int] = []
+    writer.submit(release.wait, size=10)  # a slow disk
+    for i in range(5):
+        writer.submit(done.append, i, size=10)  # queued without waiting: 60 bytes < 100
+    assert done == []
+    blocked = threading.Thread(target=writer.submit, args=(done.append, 5), kwargs={"size": 50})
+    blocked.start()
+    blocked.join(0.3)
+    assert blocked.is_alive()  # 110 bytes would be queued: it waits for the writer
+    release.set()
+    blocked.join(10)
+    writer.close()
+    assert done == [0, 1, 2, 3, 4, 5]
 
 
 @pytest.mark.parametrize("level", ["L0", "L1", "L2"])
@@ -129,15 +165,19 @@ def test_a_hard_kill_loses_at_most_the_step_in_flight(tmp_path):
 
 
 def test_writer_errors_come_back_to_the_training_thread():
-    writer = BackgroundWriter("test")
-
     def fail():
         raise OSError("disk full")
 
-    assert writer.submit(fail) == []
-    errors = writer.flush()
+    queued = BackgroundWriter("test", inline_bytes=0)
+    assert queued.submit(fail) == []
+    errors = queued.flush()
     assert len(errors) == 1 and isinstance(errors[0], OSError)
-    assert writer.flush() == []
+    assert queued.flush() == []
+    queued.close()
+    inline = BackgroundWriter("test")  # small and nothing queued: written at once, error at once
+    errors = inline.submit(fail)
+    assert len(errors) == 1 and isinstance(errors[0], OSError)
+    assert inline.flush() == []
 
 
 def test_a_failing_write_is_recorded_and_raised_in_strict_mode(tmp_path, monkeypatch):
@@ -154,6 +194,6 @@ def test_a_failing_write_is_recorded_and_raised_in_strict_mode(tmp_path, monkeyp
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     strict.monitor(model)
     model(torch.ones(1, 2)).sum().backward()
-    opt.step()
     with pytest.raises(Exception, match="could not write its files"):
+        opt.step()  # a small step is written inline: its failure raises at the step
         strict.stop()

@@ -5,7 +5,9 @@ User code (and seeded defects in tests) may replace ``torch.sum`` or ``torch.mul
 function; array-api-compat's torch namespace looks those attributes up at call time, so a probe's
 figures would silently go through the user's code. The functions here are bound once to
 ``torch._C._VariableFunctions`` and to Tensor methods, which such patches leave alone. Only what
-probes/core/scaled.py uses is provided, with array-API names and semantics.
+probes/core/scaled.py uses is provided, with array-API names and semantics, plus the batched
+reductions grad_probe's statistics take over a step's gradients (``extrema`` and ``norms``:
+one ``_foreach`` kernel call for many tensors instead of several calls per tensor).
 """
 
 from __future__ import annotations
@@ -84,3 +86,15 @@ def max_abs(x: Any) -> Any:
 
 def root_mean_square(x: Any) -> Any:
     return torch._C._linalg.linalg_vector_norm(x, 2) / ((x.numel() or 1) ** 0.5)
+
+
+# batched reductions over a list of non-empty tensors of one device and dtype (probes/grad_probe/stats.py)
+def extrema(xs: list, dtype: Any) -> Any:
+    """(2, len(xs)): the max of each tensor, then its min (one aminmax pass over each tensor,
+    one stack for all)."""
+    pairs = [v for x in xs for v in reversed(_C.aminmax(x))]
+    return _C.stack(pairs).to(dtype).reshape(-1, 2).T
+
+
+def norms(xs: list, dtype: Any) -> Any:
+    return _C.stack(_C._foreach_norm(xs, 2, dtype=dtype))

@@ -6,11 +6,13 @@ every row, B32); the tools flush at least once per step so a crash loses at most
 
 from __future__ import annotations
 
+import collections
 import csv
 import json
 import math
 import os
-import tempfile
+import threading
+import weakref
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -69,27 +71,53 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
+def process_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+#: the process's umask, read once: a file created with mode & ~umask == mode needs no chmod
+UMASK = process_umask()
+
+
 def write_text_atomic(path: str | os.PathLike, text: str, encoding: str = "utf-8", mode: int | None = None) -> Path:
-    """Write a file through a temporary file and a rename, so a reader never sees half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
+    """Write a file through a temporary file and a rename, so a reader never sees half a file. A
+    few system calls: probes write one per step (the temporary's name is this process's and
+    thread's own, so concurrent writers never share one)."""
+    target = os.fspath(path)
+    tmp = f"{target}.{os.getpid()}.{threading.get_ident()}.tmp"
+    data = text.encode(encoding)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+    perm = 0o666 if mode is None else mode
     try:
-        with os.fdopen(fd, "w", encoding=encoding, newline="") as fh:
-            fh.write(text)
-        if mode is not None:
-            try:
-                os.chmod(tmp, mode)
-            except OSError:
-                pass
-        os.replace(tmp, path)
+        fd = os.open(tmp, flags, perm)
+    except FileNotFoundError:  # the folder does not exist yet
+        os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+        fd = os.open(tmp, flags, perm)
+    except FileExistsError:  # a temporary left by a killed writer of this pid and thread id
+        os.unlink(tmp)
+        fd = os.open(tmp, flags, perm)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            if mode is not None and UMASK & mode:
+                try:
+                    os.fchmod(fd, mode)  # the umask does not narrow it
+                except OSError:
+                    pass
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
     except BaseException:
         try:
             os.unlink(tmp)
         except OSError:
             pass
         raise
-    return path
+    return Path(target)
 
 
 def write_json_atomic(path: str | os.PathLike, data: Any) -> Path:
@@ -114,60 +142,113 @@ def iter_files(root: str | os.PathLike, name: str) -> Iterable[Path]:
 
 
 class BackgroundWriter:
-    """File writes off the training thread, in submission order, one step in flight at most.
+    """File writes off the training thread when they are worth it, in submission order.
 
-    A probe hands each step's writes over as one task; a daemon thread runs them. `submit` first
-    waits for the previous task, so a hard kill loses at most the step being written, and host
-    memory holds at most one step's data waiting; when writing takes less than a step (the usual
-    case) the wait costs nothing. `flush` waits for the task in flight; probes call it at stop()
-    and at interpreter exit (daemon threads still run then), so everything of a completed step is
-    on disk even when the training loop raised. A task's exception is kept
-    and handed back by `flush`/`submit` (`errors`), never raised on the writer thread.
+    A probe hands each step's writes over as one task with its size in bytes. A small task with
+    nothing in flight runs at once, on the caller's thread: for a tiny model's step (a few KiB) the
+    hand-off to a thread costs more than the write, and on two cores a thread switch can cost
+    Python's whole 5 ms switch interval. Anything else goes to a daemon thread that runs the tasks
+    in order; the caller never waits for an earlier step's write unless the bytes queued exceed
+    `max_pending` (the host memory a burst of large steps may hold). `flush` waits for everything
+    queued (probes call it at stop() and at interpreter exit), `close` also ends the thread, so
+    no thread of the probes outlives its run; a later task starts a new one. A task's exception is
+    kept and handed back by `flush`/`submit`/`close` (`errors`), never raised on the writer thread.
     """
 
-    def __init__(self, name: str) -> None:
-        import queue
-        import threading
+    #: a task smaller than this runs on the caller's thread when nothing is queued (0: never)
+    INLINE_BYTES = 1 << 20
+    #: the bytes queued tasks may hold before `submit` waits for the writer
+    MAX_PENDING = 256 << 20
 
+    def __init__(self, name: str, inline_bytes: int | None = None, max_pending: int | None = None) -> None:
         self.name = name
-        self._queue: Any = queue.Queue(maxsize=1)
-        self._lock = threading.Lock()
+        self.inline_bytes = self.INLINE_BYTES if inline_bytes is None else inline_bytes
+        self.max_pending = self.MAX_PENDING if max_pending is None else max_pending
+        self._cond = threading.Condition()
+        self._tasks: collections.deque[Any] = collections.deque()
+        self._pending = 0  # bytes of queued and running tasks
+        self._busy = 0  # tasks queued or running
         self._thread: Any = None
         self.errors: list[BaseException] = []
+        _WRITERS.add(self)
 
     def _start(self) -> None:
-        import threading
-
-        with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name=f"msprobe-{self.name}-writer", daemon=True)
-                self._thread.start()
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name=f"msprobe-{self.name}-writer", daemon=True)
+            self._thread.start()
 
     def _run(self) -> None:
         while True:
-            fn, args = self._queue.get()
+            with self._cond:
+                while not self._tasks:
+                    self._cond.wait()
+                task = self._tasks.popleft()
+            if task is None:  # close()
+                return
+            fn, args, size = task
             try:
                 fn(*args)
             except BaseException as exc:  # kept for the training thread, which decides what to do
                 self.errors.append(exc)
             finally:
-                self._queue.task_done()
+                with self._cond:
+                    self._pending -= size
+                    self._busy -= 1
+                    self._cond.notify_all()
 
-    def submit(self, fn: Any, *args: Any) -> list[BaseException]:
-        """Queue `fn(*args)` after waiting for the previous task; returns (and clears) the errors
-        of tasks that finished since the last call."""
-        self._start()
-        self._queue.join()
-        self._queue.put((fn, args))
+    def submit(self, fn: Any, *args: Any, size: int = 0) -> list[BaseException]:
+        """Run `fn(*args)` now (small, nothing queued) or after the tasks queued before it; returns
+        (and clears) the errors of tasks that finished since the last call."""
+        with self._cond:
+            idle = self._busy == 0
+        if idle and size < self.inline_bytes:
+            try:
+                fn(*args)
+            except BaseException as exc:  # reported like a queued task's
+                self.errors.append(exc)
+            return self._take_errors()
+        with self._cond:
+            while self._busy and self._pending + size > self.max_pending:
+                self._cond.wait()
+            self._start()
+            self._tasks.append((fn, args, size))
+            self._pending += size
+            self._busy += 1
+            self._cond.notify_all()
         return self._take_errors()
 
     def flush(self) -> list[BaseException]:
         """Wait until everything submitted is written; returns (and clears) the tasks' errors."""
-        if self._thread is not None:
-            self._queue.join()
+        with self._cond:
+            while self._busy:
+                self._cond.wait()
         return self._take_errors()
+
+    def close(self) -> list[BaseException]:
+        """flush(), then end the thread (joined): nothing of the probes keeps running after it."""
+        errors = self.flush()
+        thread = self._thread
+        if thread is not None and thread.is_alive():
+            with self._cond:
+                self._tasks.append(None)
+                self._cond.notify_all()
+            thread.join()
+        self._thread = None
+        return errors + self._take_errors()
 
     def _take_errors(self) -> list[BaseException]:
         errors, self.errors = self.errors, []
         return errors
 
+
+
+_WRITERS: weakref.WeakSet[BackgroundWriter] = weakref.WeakSet()
+
+
+def close_writers() -> None:
+    """Flush and end every writer thread (at interpreter exit, before the runtime tears down)."""
+    for writer in list(_WRITERS):
+        try:
+            writer.close()
+        except Exception:  # pragma: no cover - best effort at exit
+            pass

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
-from probes.core.writers import write_text_atomic
+from probes.core.writers import UMASK, write_text_atomic
 from probes.grad_probe.stats import Bound, GradStats
 
 FILE_MODE = 0o640
@@ -89,28 +89,71 @@ def summary_csv_path(root: str | os.PathLike[str], rank: int, step: int) -> Path
 
 
 def direction_path(root: str | os.PathLike[str], rank: int, step: int, name: str) -> Path:
-    return Path(root) / f"rank{rank}" / f"step{step}" / (file_name_for_param(name) + ".npy")
+    return Path(direction_file(os.fspath(root), rank, step, name))
+
+
+def direction_file(root: str, rank: int, step: int, name: str) -> str:
+    """direction_path as a string (a monitor builds one per parameter and step: no Path objects)."""
+    return f"{root}{os.sep}rank{rank}{os.sep}step{step}{os.sep}{file_name_for_param(name)}.npy"
 
 
 def write_summary_csv(
     path: str | os.PathLike[str], level: str, bounds: Sequence[Bound], stats: Iterable[GradStats]
 ) -> Path:
     """Write (replace) one step's grad_summary CSV: header always, then one row per record."""
-    rows = [header(level, bounds)] + [row_cells(level, s) for s in stats]
-    return _write_text_atomic(Path(path), render_csv(rows))
+    rows = [_header(level, tuple(bounds))] + [row_cells(level, s) for s in stats]
+    return _write_text_atomic(path, render_csv(rows))
 
 
-def write_direction(path: str | os.PathLike[str], positive: Any) -> Path:
-    """Save a boolean ``g > 0`` host array (original shape) as ``.npy``."""
+@functools.lru_cache(maxsize=64)
+def _header(level: str, bounds: tuple) -> list[str]:
+    return header(level, bounds)
+
+
+def write_direction(path: str | os.PathLike[str], positive: Any) -> str:
+    """Save a boolean ``g > 0`` host array (original shape) as ``.npy``: the bytes ``np.save``
+    writes (its header for the shape, made once per shape, then the data), in one system call."""
     import numpy as np
 
-    path = Path(path)
-    make_dirs(path.parent)
-    arr = np.asarray(positive, dtype=bool)
-    with open(path, "wb") as fh:
-        np.save(fh, arr, allow_pickle=False)
-    _chmod(path, FILE_MODE)
+    path = os.fspath(path)
+    arr = np.ascontiguousarray(positive, dtype=bool)
+    try:
+        fd, created = _open_new(path)
+    except FileNotFoundError:  # the step's folder is new
+        make_dirs(os.path.dirname(path))
+        fd, created = _open_new(path)
+    try:
+        header = _npy_header(arr.shape)
+        done = os.writev(fd, [header, arr]) if arr.size else os.write(fd, header)
+        if done < len(header) + arr.nbytes:  # a short write (rare): the rest, byte by byte offset
+            rest = memoryview(header + arr.tobytes())[done:]
+            while rest:
+                rest = rest[os.write(fd, rest):]
+        if not created or UMASK & FILE_MODE:  # an existing file, or a umask narrower than the mode
+            os.fchmod(fd, FILE_MODE)
+    finally:
+        os.close(fd)
     return path
+
+
+def _open_new(path: str) -> tuple[int, bool]:
+    """(descriptor, whether the file was created) of `path` opened for writing from its start."""
+    try:
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE), True
+    except FileExistsError:
+        return os.open(path, os.O_WRONLY | os.O_TRUNC), False
+
+
+
+
+@functools.lru_cache(maxsize=4096)
+def _npy_header(shape: tuple[int, ...]) -> bytes:
+    import numpy as np
+
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": np.dtype(bool).str, "fortran_order": False,
+                                               "shape": tuple(shape)})
+    return buf.getvalue()
 
 
 @functools.lru_cache(maxsize=65536)  # the same names every step: encoded once
@@ -124,26 +167,37 @@ def param_from_file_name(stem: str) -> str:
     return unquote(stem, encoding="utf-8", errors="strict")
 
 
-def make_dirs(path: Path) -> None:
+_MADE: set[str] = set()  # folders this process created or found: no further system call for them
+_MADE_MAX = 4096  # a long run makes a step folder per step: the cache is emptied when it gets this big
+
+
+def make_dirs(path: str | os.PathLike[str]) -> None:
     """Create ``path`` and its missing parents with mode 0750 (as the reference)."""
+    key = os.fspath(path)
+    if key in _MADE and os.path.isdir(key):
+        return
     missing = []
-    p = path
-    while not p.exists():
+    p = key
+    while p and not os.path.exists(p):
         missing.append(p)
-        if p.parent == p:
+        parent = os.path.dirname(p)
+        if parent == p:
             break
-        p = p.parent
-    path.mkdir(parents=True, exist_ok=True)
+        p = parent
+    os.makedirs(key, exist_ok=True)
     for p in missing:
         _chmod(p, DIR_MODE)
+    if len(_MADE) >= _MADE_MAX:
+        _MADE.clear()
+    _MADE.add(key)
 
 
-def _write_text_atomic(path: Path, text: str) -> Path:
-    make_dirs(path.parent)
+def _write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
+    make_dirs(os.path.dirname(os.fspath(path)))
     return write_text_atomic(path, text, encoding=ENCODING, mode=FILE_MODE)
 
 
-def _chmod(path: Path, mode: int) -> None:
+def _chmod(path: str | os.PathLike[str], mode: int) -> None:
     try:
         os.chmod(path, mode)
     except OSError:

@@ -223,7 +223,7 @@ class MindSporeGradMonitor(MonitorBase):
             md5 = stats.crc32_hex(copy) if copy is not None else None
             records.append(stats.split_stats(name, shape, row, self.bounds, self.histogram, md5))
             if positive is not None:
-                files.append((csv_format.direction_path(self.dump_path, rank, step, name), positive))
+                files.append((csv_format.direction_file(self._root, rank, step, name), positive))
         self._compute_dtypes.add(str(self._buffers.compute).lower().replace("mindspore.", ""))
         self._write_step(step, rank, [], records, files)
 
@@ -264,7 +264,7 @@ class MindSporeGradMonitor(MonitorBase):
                     md5 = stats.crc32_hex(host if host is not None else g.astype(xp.float32).asnumpy())
                 else:
                     positive = host > 0 if host is not None else self._op(dtype_name, "direction", g, lambda t: t > 0).asnumpy()
-                    directions.append((csv_format.direction_path(self.dump_path, rank, step, name), positive))
+                    directions.append((csv_format.direction_file(self._root, rank, step, name), positive))
                 pending.append((name, tuple(int(s) for s in g.shape), vec, md5))
             except Exception as exc:
                 if self.config.strict:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import difflib
 import logging
+import os
 import time
 import weakref
 from collections.abc import Sequence
@@ -20,7 +21,7 @@ from typing import Any
 
 from probes.core.config import GradProbeConfig, ProbeConfig
 from probes.core.errors import ConfigError, ProbeError
-from probes.core.writers import BackgroundWriter, write_json_atomic
+from probes.core.writers import BackgroundWriter, close_writers, write_json_atomic
 from probes.grad_probe import csv_format
 from probes.grad_probe.stats import GradStats
 
@@ -67,6 +68,7 @@ class MonitorBase:
         self.bounds = self.gp.bounds
         self.histogram = self.level == "L2"
         self.dump_path = Path(config.dump_path)
+        self._root = os.fspath(self.dump_path)  # the per-step file names are built as strings
         self.rank: int | None = None
         self.current_step: int | None = None  # the last optimizer step index seen
         self._closed = False
@@ -99,8 +101,8 @@ class MonitorBase:
     def _write_step(self, step: int, rank: int, missing: list[str], records: list[GradStats],
                     directions: list[tuple[Path, Any]]) -> None:
         """Hand a step's files (its grad_summary CSV from `records`, the `(path, host bools)`
-        direction files) to the writer thread and do the book-keeping; summary.json follows the
-        files in the same task when it is due."""
+        direction files) to the writer (written at once when small, by its thread when large) and
+        do the book-keeping; summary.json follows the files in the same task when it is due."""
         if missing:
             self.params_without_grad[step] = missing
         self.steps_written.append(step)
@@ -111,7 +113,7 @@ class MonitorBase:
             self._dirty = False
             summary = (self.summary_path, self.summary())
 
-        level, bounds, path = self.level, self.bounds, csv_format.summary_csv_path(self.dump_path, rank, step)
+        level, bounds, path = self.level, self.bounds, f"{self._root}{os.sep}rank{rank}{os.sep}grad_summary_{step}.csv"
 
         def task() -> None:
             for where, positive in directions:
@@ -120,7 +122,8 @@ class MonitorBase:
             if summary is not None:
                 write_json_atomic(*summary)
 
-        self._writer_errors(self._writer.submit(task), step)
+        size = sum(getattr(positive, "nbytes", 0) for _where, positive in directions) + 64 * len(records)
+        self._writer_errors(self._writer.submit(task, size=size), step)
 
     def _writer_errors(self, errors: list[BaseException], step: int | None) -> None:
         """Errors of earlier writes, reported on the training thread (raised in strict mode)."""
@@ -198,6 +201,8 @@ class MonitorBase:
             if self.config.strict:
                 raise
             log.warning("grad_probe: could not write summary.json: %r", exc)
+        finally:
+            self._writer.close()  # no thread of the monitor outlives it
 
     def close(self) -> None:
         self.stop()
@@ -211,6 +216,8 @@ class MonitorBase:
 
 @atexit.register
 def _flush_at_exit() -> None:
+    """A monitor never stopped: its completed steps and summary on disk, and its writer thread
+    ended, before the interpreter and the frameworks' runtimes tear down."""
     for m in list(_ACTIVE):
         try:
             m._writer.flush()
@@ -218,3 +225,4 @@ def _flush_at_exit() -> None:
                 m.write_summary()
         except Exception:  # pragma: no cover - best effort at interpreter exit
             pass
+    close_writers()

@@ -29,8 +29,7 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 #: Gradients larger than this are reduced chunk by chunk, so the float64 temporaries never cost
 #: more than 32 MiB whatever the parameter size.
@@ -39,9 +38,9 @@ CHUNK_ELEMENTS = 1 << 22
 Bound = float | int
 
 
-@dataclass(frozen=True)
-class GradStats:
-    """The statistics of one parameter's gradient at one step: one row of grad_summary_{N}.csv."""
+class GradStats(NamedTuple):
+    """The statistics of one parameter's gradient at one step: one row of grad_summary_{N}.csv
+    (a named tuple: a monitor makes one per parameter and step)."""
 
     name: str
     shape: tuple[int, ...]
@@ -95,6 +94,23 @@ def stat_vector(
         head = xp.stack(out[:3])
         return xp.concat([head, xp.concat(out[3:]) / float(n)])
     return xp.stack(out)
+
+
+def stat_columns(xp: Any, grads: Sequence[Any], bounds: Sequence[Bound], histogram: bool, dtype: Any = None,
+                 batched: Any = None) -> Any:
+    """The :func:`stat_vector` figures of several non-empty gradients of one device and dtype, as
+    one ``(width, len(grads))`` matrix: a column per gradient.
+
+    ``batched`` (optional) offers ``extrema`` (the max and min rows) and ``norms`` of a list of
+    arrays in one call each (torch's ``_foreach`` kernels, probes/backends/torch_xp.py): a step of
+    a small model then costs a few kernel launches instead of several per parameter. Its norm sums
+    in another order than :func:`stat_vector`, so a norm may differ in its last digit; the same
+    gradients always give the same figures. Histograms (L2) are taken gradient by gradient.
+    """
+    dtype = xp.float64 if dtype is None else dtype
+    if batched is None or histogram:
+        return xp.stack([stat_vector(xp, g, bounds, histogram, dtype=dtype) for g in grads], axis=1)
+    return xp.concat([batched.extrema(grads, dtype), xp.reshape(batched.norms(grads, dtype), (1, -1))])
 
 
 def _combine(xp: Any, parts: list[Any]) -> Any:

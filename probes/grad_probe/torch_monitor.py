@@ -35,11 +35,12 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from probes.backends import torch_xp
 from probes.backends.torch_backend import BACKEND, widest_float
 from probes.core.config import ProbeConfig
 from probes.core.errors import ProbeError
@@ -193,10 +194,7 @@ class GradMonitor(MonitorBase):
     # ------------------------------------------------------------------ one step
     def _dump(self, step: int) -> None:
         rank = self.rank or 0
-        xp = None
-        # name, shape, device statistics vector, device payload: the gradient in float32 (L0,
-        # for its checksum) or its signs (L1/L2, for the direction file)
-        pending: list[tuple[str, tuple, torch.Tensor, torch.Tensor]] = []
+        grads: list[tuple[str, torch.Tensor]] = []
         missing: list[str] = []
         with torch.no_grad():
             for name, p in self.selected:
@@ -213,26 +211,80 @@ class GradMonitor(MonitorBase):
                         raise TypeError(f"gradient of dtype {g.dtype} is not a real floating-point tensor")
                     if g.layout != torch.strided:
                         g = g.to_dense()
-                    xp = xp or self.backend.namespace(g)
-                    dtype = widest_float(g.device)  # B-G5: float64 where the device has it
-                    self._compute_dtypes.add(str(dtype).replace("torch.", ""))
-                    vec = stats.stat_vector(xp, g, self.bounds, self.histogram, dtype=dtype)
-                    payload = g.to(dtype=torch.float32) if self.level == "L0" else g > 0
-                    pending.append((name, tuple(g.shape), vec, payload.reshape(-1)))
+                    grads.append((name, g))
                 except Exception as exc:
                     if self.config.strict:
                         raise  # recorded once, by on_step
                     self._record_error(step, name, exc)
-            host = _to_host_packed([(vec, payload) for _n, _s, vec, payload in pending])
+            blocks = self._blocks(step, grads)
+            host = _to_host_packed([(block.columns, block.payload) for block in blocks])
+        level, root, bounds, histogram = self.level, self._root, self.bounds, self.histogram
         records, directions = [], []
-        for (name, shape, _vec, _payload), (row, data) in zip(pending, host):
-            md5 = None
-            if self.level == "L0":
-                md5 = stats.crc32_hex(data)
-            else:
-                directions.append((csv_format.direction_path(self.dump_path, rank, step, name), data.reshape(shape)))
-            records.append(stats.split_stats(name, shape, row, self.bounds, self.histogram, md5))
+        for block, (rows, payload) in zip(blocks, host):
+            offset = 0
+            for (name, shape, numel), row in zip(block.members, rows):
+                data = payload[offset : offset + numel]
+                offset += numel
+                md5 = None
+                if level == "L0":
+                    md5 = stats.crc32_hex(data)
+                else:
+                    directions.append((csv_format.direction_file(root, rank, step, name), data.reshape(shape)))
+                records.append(stats.split_stats(name, shape, row, bounds, histogram, md5))
+        if len(blocks) > 1:  # the CSV's rows in the parameters' order
+            order = {name: i for i, (name, _g) in enumerate(grads)}
+            records.sort(key=lambda r: order[r.name])
         self._write_step(step, rank, missing, records, directions)
+
+    def _blocks(self, step: int, grads: list[tuple[str, torch.Tensor]]) -> list[_Block]:
+        """The step's statistics on the gradients' devices, as blocks of parameters that share one
+        statistics matrix and one flat payload (the float32 gradient at L0, for its checksum; its
+        signs at L1/L2, for the direction file). Gradients of a device and dtype that are small
+        enough are reduced together by batched kernels; a large or empty one on its own, chunk by
+        chunk (stats.stat_vector). A batch that fails is taken again parameter by parameter, so
+        only the parameters that really fail lose their row."""
+        batches: dict[tuple[Any, Any], list[tuple[str, torch.Tensor]]] = {}  # the open batch of each (device, dtype)
+        sizes: dict[tuple[Any, Any], int] = {}
+        done: list[list[tuple[str, torch.Tensor]]] = []
+        single: list[tuple[str, torch.Tensor]] = []
+        for name, g in grads:
+            n = g.numel()
+            if n == 0 or n > stats.CHUNK_ELEMENTS:
+                single.append((name, g))
+                continue
+            key = (g.device, g.dtype)
+            group = batches.get(key)
+            if group is None or sizes[key] + n > BATCH_ELEMENTS:
+                group = batches[key] = []
+                done.append(group)
+                sizes[key] = 0
+            sizes[key] += n
+            group.append((name, g))
+        blocks: list[_Block] = []
+        for batch in done:
+            try:
+                blocks.append(self._block(batch, batched=True))
+            except Exception:
+                single += batch
+        for name, g in single:
+            try:
+                blocks.append(self._block([(name, g)], batched=False))
+            except Exception as exc:
+                if self.config.strict:
+                    raise  # recorded once, by on_step
+                self._record_error(step, name, exc)
+        return blocks
+
+    def _block(self, batch: list[tuple[str, torch.Tensor]], batched: bool) -> _Block:
+        gs = [g for _name, g in batch]
+        xp = self.backend.namespace(gs[0])
+        dtype = widest_float(gs[0].device)  # float64 where the device has it
+        self._compute_dtypes.add(str(dtype).replace("torch.", ""))
+        columns = stats.stat_columns(xp, gs, self.bounds, self.histogram, dtype=dtype,
+                                     batched=torch_xp if batched else None)
+        flat = torch.cat([g.reshape(-1) for g in gs]) if len(gs) > 1 else gs[0].reshape(-1)
+        payload = flat.to(dtype=torch.float32) if self.level == "L0" else flat > 0
+        return _Block([(name, tuple(g.shape), g.numel()) for name, g in batch], columns, payload)
 
     def _resolve_rank(self) -> int:
         return int(self.backend.rank())
@@ -253,29 +305,40 @@ class GradMonitor(MonitorBase):
 
 
 # ---------------------------------------------------------------------- helpers
-def _to_host_packed(items: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[list[float], Any]]:
-    """(statistics row, payload as a host array) of every (vector, payload) pair, from one host
-    copy per device: every tensor's bytes are concatenated on the device and split on the host."""
+#: the most elements one batch of small gradients holds (its temporary copies stay below ~64 MiB)
+BATCH_ELEMENTS = 1 << 24
+
+
+class _Block(NamedTuple):
+    members: list[tuple[str, tuple, int]]  # (name, shape, numel) of each parameter, in column order
+    columns: torch.Tensor  # (width, len(members)) statistics on the device, a column per parameter
+    payload: torch.Tensor  # the members' flat payloads, concatenated
+
+
+def _to_host_packed(items: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[list[list[float]], Any]]:
+    """(statistics rows, a list of floats per column, and the payload as a host array) of every
+    (columns, payload) pair, from one host copy per device: every tensor's bytes are concatenated
+    on the device and split on the host."""
     import numpy as np
 
-    out: list[tuple[list[float], Any]] = [([], None) for _ in items]
+    out: list[tuple[list[list[float]], Any]] = [([], None) for _ in items]
     by_device: dict[Any, list[int]] = {}
-    for i, (vec, _payload) in enumerate(items):
-        by_device.setdefault(vec.device, []).append(i)
+    for i, (columns, _payload) in enumerate(items):
+        by_device.setdefault(columns.device, []).append(i)
     for idx in by_device.values():
         parts = []
         for i in idx:
-            vec, payload = items[i]
-            parts += [vec.contiguous().view(torch.uint8), payload.contiguous().view(torch.uint8)]
+            columns, payload = items[i]
+            parts += [columns.reshape(-1).view(torch.uint8), payload.view(torch.uint8)]
         flat = torch.cat(parts).cpu().numpy()
         pos = 0
         for i in idx:
-            vec, payload = items[i]
-            n_vec, n_pay = vec.numel() * vec.element_size(), payload.numel() * payload.element_size()
-            row = np.frombuffer(flat[pos : pos + n_vec], dtype=_NUMPY[vec.dtype]).astype(np.float64).tolist()
-            data = np.frombuffer(flat[pos + n_vec : pos + n_vec + n_pay], dtype=_NUMPY[payload.dtype])
-            out[i] = (row, data)
-            pos += n_vec + n_pay
+            columns, payload = items[i]
+            n_col, n_pay = columns.numel() * columns.element_size(), payload.numel() * payload.element_size()
+            figures = np.frombuffer(flat[pos : pos + n_col], dtype=_NUMPY[columns.dtype]).reshape(columns.shape)
+            data = np.frombuffer(flat[pos + n_col : pos + n_col + n_pay], dtype=_NUMPY[payload.dtype])
+            out[i] = (figures.T.astype(np.float64).tolist(), data)
+            pos += n_col + n_pay
     return out
 
 

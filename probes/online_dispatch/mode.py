@@ -7,8 +7,8 @@ ops (auto), every op (all) or listed ops (list) the .npy dumps. Everything after
 inside a try: a probe error becomes a row's Err_message or a summary entry, never an exception
 in the user's code, and the device result is returned untouched.
 
-With `background` (default "auto": when the thread can overlap, see workers.use_reference_thread)
-the re-run and the figures run in one background thread on a private copy of the device result,
+With `background` (default "auto": ops of at least workers.AUTO_THREAD_BYTES, when the thread can
+overlap, see workers.use_reference_thread) the re-run and the figures run in one background thread on a private copy of the device result,
 while the user's program goes on; numbering happens in that thread in op order, rows, dumps and
 the failure record are made on the user's thread in op order, and everything is judged when the
 context exits, so the CSV is the same as inline. Otherwise they run inline, right after the op.
@@ -36,6 +36,7 @@ from probes.online_dispatch.options import DispatchOptions
 from probes.online_dispatch.results import FailedOp, RunResults, leaf_summary, special_row
 from probes.online_dispatch.run_dir import create_run_dir
 from probes.online_dispatch.workers import (
+    AUTO_THREAD_BYTES,
     OrderedPool,
     figures_in_worker,
     process_pool,
@@ -180,6 +181,7 @@ class OnlineDispatchMode(TorchDispatchMode):
         self._scaled = options.rule != "reference"
         self._depth = 0
         self._graph_calls: dict[str, int] = {}  # calls of each compiled graph seen
+        self._auto_thread: bool | None = None  # background="auto": whether the thread can overlap here
 
     # context --------------------------------------------------------------------------------------
     def __enter__(self) -> OnlineDispatchMode:
@@ -193,9 +195,8 @@ class OnlineDispatchMode(TorchDispatchMode):
         if self._pool is None and self.options.process_num > 0:
             self._pool = process_pool(self.options.process_num, self._finish_job)
             self._pool_finalizer = weakref.finalize(self, self._pool.close)
-        elif self._pool is None and self._depth == 0 and use_reference_thread(self.options.background):
-            self._pool = reference_thread(self._finish_job)
-            self._pool_finalizer = weakref.finalize(self, self._pool.close)
+        elif self._pool is None and self._depth == 0 and self.options.background is True:
+            self._start_thread()
         if self._depth == 0:
             capture.install(self)
         self._depth += 1
@@ -212,6 +213,32 @@ class OnlineDispatchMode(TorchDispatchMode):
                     self.close()  # a thread is cheap to start again; no idle thread outlives the context
                 else:
                     self.flush()
+
+    def _start_thread(self) -> None:
+        self._pool = reference_thread(self._finish_job)
+        self._pool_finalizer = weakref.finalize(self, self._pool.close)
+
+    def _hand_off(self, out: Any) -> bool:
+        """Whether this op goes to the reference thread. background=True: every op. "auto": an op
+        whose output is large enough to be worth the hand-off (the thread starts at the first such
+        op, where it can overlap), or any op while earlier ones are still in flight there (ops are
+        judged in order, and only one thread numbers them)."""
+        background = self.options.background
+        if self.options.process_num > 0 or background is False:
+            return False
+        if background is True:
+            return True
+        if self._pool is not None and not self._pool.idle():
+            return True
+        if _output_bytes(out) < AUTO_THREAD_BYTES:
+            return False
+        if self._pool is None:
+            if self._auto_thread is None:
+                self._auto_thread = use_reference_thread("auto")
+            if not self._auto_thread:
+                return False
+            self._start_thread()
+        return True
 
     def close(self) -> None:
         """Flush, and stop the reference thread or the worker processes."""
@@ -313,21 +340,22 @@ class OnlineDispatchMode(TorchDispatchMode):
             results.add_error(str(func), "copying the inputs for the reference", exc)
             return out
         out = func(*args, **kwargs)  # the user's op, untouched
-        pool = self._pool
         job = _Job(func, info, device, ref, args, kwargs, None)
         try:
             void = out is None or (isinstance(out, tuple) and not out)
             written = _written_devices(info, args, kwargs) if void else None
-            if pool is not None:  # judged later: the user's frames are those of now
+            threaded = self._hand_off(out)
+            pool = self._pool
+            if threaded or (pool is not None and not self._threaded):  # judged later: the user's frames are those of now
                 job.stack = capture_stack()
-            if self._threaded:
+            if threaded:
                 # the thread gets private copies of what it compares: the user's program goes on
                 # and may change these tensors in place before the thread reads them
                 pool.submit(job, self._measure, job, _snapshot(out), _snapshot(written),
                             torch.is_inference_mode_enabled())
                 return out
             outcome = self._prepare(job, out, written)
-            if outcome is None and pool is not None:
+            if outcome is None and pool is not None and not self._threaded:
                 # the workers get private copies: the user's tensors may change before they are pickled
                 job.cmp.pairs = [(d.clone(), r) for d, r in job.cmp.pairs]
                 pool.submit(job, figures_in_worker, job.cmp.pairs, self._scaled, self.options.debug)
@@ -454,6 +482,14 @@ def _written_pairs(info: _OpInfo, devices: list[Any], ref: reference.ReferenceCa
     positions, names = info.written
     refs = [ref.args[i] for i in positions if i < len(ref.args)] + [ref.kwargs[n] for n in names if n in ref.kwargs]
     return list(zip(devices, refs))
+
+
+def _output_bytes(out: Any) -> int:
+    if isinstance(out, torch.Tensor):
+        return out.numel() * out.element_size()
+    if isinstance(out, (tuple, list)):
+        return sum(t.numel() * t.element_size() for t in out if isinstance(t, torch.Tensor))
+    return 0
 
 
 def _snapshot(x: Any) -> Any:

@@ -75,6 +75,11 @@ class OrderedPool:
                 finish(job, result)
             block = len(self._pending) > self._window
 
+    def idle(self) -> bool:
+        """Nothing in flight: every op submitted so far is judged (those that finished are, now)."""
+        self._drain(block=False)
+        return not self._pending
+
     def drain(self) -> None:
         """Judge every pending op (the workers keep running for the next context)."""
         while self._pending:
@@ -117,8 +122,15 @@ def accelerator_in_use() -> bool:
     return False
 
 
+#: background="auto" hands an op to the reference thread only when its output holds at least this
+#: many bytes: below it the re-run and the figures take less time than the hand-off (a 16 x 64
+#: float32 activation: ~30 us to compare inline, a whole step's worth of thread switches on 2 cores)
+AUTO_THREAD_BYTES = 64 << 10
+
+
 def use_reference_thread(background: bool | str) -> bool:
-    """background="auto": a thread only when it can overlap. The reference thread runs torch
+    """background="auto": a thread only when it can overlap (and then only for ops of at least
+    AUTO_THREAD_BYTES, see PtdbgDispatch._check). The reference thread runs torch
     kernels with the process's intra-op thread count, so on a CPU-only host it needs that many idle
     cores: with torch using every core, two teams of threads fight over them and the step gets
     slower than inline (medium transformer on 2 cores, 2 torch threads: 7.7x against 4.7x inline;

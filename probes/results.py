@@ -5,15 +5,17 @@ a multi-rank dump, a pytest session's ``.msprobe/``, or anything holding them) i
 one row per observation, with the step / rank / test a row came from as columns:
 
     res = load("./dump")
-    res.free_benchmark        # every free_benchmark.csv: rank, pert_mode, stage, step, api_name, max_rel, ...
+    res.free_benchmark        # every free_benchmark.csv: api, call, rank, pert_mode, stage, step, api_name, max_rel, ...
     res.grad_stats            # grad_probe statistics, long: test, rank, step, param, shape, md5, stat, value
     res.grad_similarities     # grad-compare's similarities.csv, long: test, rank, param, step, similarity
-    res.online_dispatch       # every compare_result_rank*.csv: test, rank, run, the CSV's columns (as
-                              # written) and Cosine_value / MaxAbsErr_value / MaxRelativeErr_value
+    res.online_dispatch       # every compare_result_rank*.csv: test, rank, run, api, call, the CSV's columns
+                              # (as written) and Cosine_value / MaxAbsErr_value / MaxRelativeErr_value
     res.catalogue             # the API precision catalogue's catalogue.csv
     res.summaries             # the summary JSON files, by path relative to the root
 
-The ``test`` column is the pytest node id of the test whose folder a file is in (the plugin keeps
+``api`` names the API or op (``Functional.gelu``, ``addmm``) and ``call`` which call
+of it a row is (``Functional.gelu.48.forward`` is call 48), so ``res.free_benchmark.groupby("api")``
+gives one group per API. The ``test`` column is the pytest node id of the test whose folder a file is in (the plugin keeps
 one folder per test under ``tests/``), empty outside a pytest session. A table a dump does not
 hold is an empty DataFrame with its columns, so code written for one dump runs on another.
 Numbers come back as floats (CSV cells such as "nan", "inf" or verdict words like
@@ -43,6 +45,13 @@ SIMILARITIES_CSV = "similarities.csv"
 _OD_CSV = re.compile(r"^compare_result_rank(\d+)_.*\.csv$")
 _FB_RANK_SUMMARY = re.compile(r"^summary_rank(\d+)\.json$")
 _OD_RUN_DIR = re.compile(r"^msprobe(?:_.+)?_rank(\d+)_\d+$")
+# free_benchmark's api_name is "{api}.{call}.{forward|backward}"; online_dispatch's row names are
+# "{api}_{call}_{input|output}[.{index}...]"
+_FB_CALL = re.compile(r"^(?P<api>.+)\.(?P<call>\d+)\.(?:forward|backward)$")
+_OD_CALL = re.compile(r"^(?P<api>.+?)_(?P<call>\d+)_(?:input|output)(?:\..*)?$")
+# catalogue.csv's columns (pytest_msprobe.catalogue.gate writes it), for the empty frame
+CATALOGUE_COLUMNS = ["api", "dtype", "device", "samples", "max_ulp", "p99_ulp", "ratio", "free_benchmark", "status",
+                     "golden_max_ulp", "golden_p99_ulp", "golden", "hardware", "source", "elements", "message"]
 TOOLS = ("free_benchmark", "grad_probe", "online_dispatch")
 
 GRAD_STATS_COLUMNS = ["test", "rank", "step", "param", "shape", "md5", "stat", "value"]
@@ -122,6 +131,16 @@ class Results:
                 "grad_similarities": self.grad_similarities, "online_dispatch": self.online_dispatch,
                 "catalogue": self.catalogue}
 
+    def __repr__(self) -> str:
+        """A table of contents: each table's size and columns (print a table itself to see it)."""
+        lines = [f"Results of {os.fspath(self.root)}:"]
+        for name, frame in self.tables().items():
+            columns = list(frame.columns)
+            shown = ", ".join(map(str, columns[:8])) + (f", \u2026 (+{len(columns) - 8})" if len(columns) > 8 else "")
+            lines.append(f"  .{name:<18} {len(frame):>7} rows  [{shown}]")
+        lines.append(f"  .summaries          {len(self.summaries):>7} files")
+        return "\n".join(lines)
+
 
 class _Tests:
     """Maps a file to the pytest test whose folder holds it (via the session's summary.json)."""
@@ -187,11 +206,11 @@ def load(path: str | os.PathLike[str]) -> Results:
 
     return Results(
         root=root,
-        free_benchmark=_concat(pd, fb, ["test", *FREE_BENCHMARK_COLUMNS, "max_rel_text"]),
+        free_benchmark=_concat(pd, fb, ["test", "api", "call", *FREE_BENCHMARK_COLUMNS, "max_rel_text"]),
         grad_stats=_concat(pd, grad, GRAD_STATS_COLUMNS),
         grad_similarities=_concat(pd, sims, SIMILARITY_COLUMNS),
-        online_dispatch=_concat(pd, od, ["test", "rank", "run"]),
-        catalogue=_concat(pd, cat, []),
+        online_dispatch=_concat(pd, od, ["test", "rank", "run", "api", "call"]),
+        catalogue=_concat(pd, cat, CATALOGUE_COLUMNS),
         summaries=summaries,
     )
 
@@ -205,6 +224,7 @@ def _concat(pd: Any, frames: list[Any], columns: list[str]) -> Any:
 
 def _free_benchmark_frame(pd: Any, path: Path, test: str) -> Any:
     frame = pd.read_csv(path, dtype=str, keep_default_na=False, encoding="utf-8-sig")
+    _insert_api_and_call(pd, frame, frame.get("api_name"), _FB_CALL)
     frame.insert(0, "test", test)
     frame["max_rel_text"] = frame.get("max_rel", "")
     for column in ("rank", "step", "output_index"):
@@ -213,6 +233,15 @@ def _free_benchmark_frame(pd: Any, path: Path, test: str) -> Any:
     if "max_rel" in frame.columns:
         frame["max_rel"] = frame["max_rel"].map(_float)
     return frame
+
+
+def _insert_api_and_call(pd: Any, frame: Any, names: Any, pattern: re.Pattern[str]) -> None:
+    """``api`` and ``call`` columns at the front, parsed from each row's name (a name that does
+    not follow the pattern is its own api, with no call number)."""
+    names = names if names is not None else pd.Series([""] * len(frame), dtype=str)
+    parts = names.str.extract(pattern)
+    frame.insert(0, "call", pd.to_numeric(parts["call"], errors="coerce").astype("Int64"))
+    frame.insert(0, "api", parts["api"].fillna(names))
 
 
 def _grad_frame(pd: Any, path: Path, test: str, rank: int | None, step: int) -> Any:
@@ -237,6 +266,7 @@ def _similarity_frame(pd: Any, path: Path, test: str, rank: int | None) -> Any:
 
 def _online_dispatch_frame(pd: Any, path: Path, test: str, rank: int) -> Any:
     frame = pd.read_csv(path, dtype=str, keep_default_na=False, encoding="utf-8-sig")
+    _insert_api_and_call(pd, frame, frame.get("NPU Name"), _OD_CALL)
     frame.insert(0, "run", path.parent.name)
     frame.insert(0, "rank", rank)
     frame.insert(0, "test", test)

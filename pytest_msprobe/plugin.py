@@ -94,6 +94,7 @@ class MsprobeOptions:
         self.catalogue_info: dict[str, Any] | None = None  # the catalogue's files, for the summary
         self.report: Path | None = None  # report.html of a session without --msprobe-task
         self.report_error: str | None = None
+        self.outcomes: dict[str, str] = {}  # nodeid -> outcome of every test the session ran
         if self.task is not None and self.task not in TASKS:
             raise pytest.UsageError(f"--msprobe-task={self.task!r} is not a task; allowed: {', '.join(TASKS)}")
         if self.task is not None and self.task not in AVAILABLE_TASKS:
@@ -326,22 +327,27 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Any:
     callspec = getattr(pyfuncitem, "callspec", None)
     if callspec is not None and "msprobe_api_case" in callspec.params:
-        from pytest_msprobe.api.marker import run_case
+        from pytest_msprobe.api.marker import failure_text, run_case
 
         options: MsprobeOptions = pyfuncitem.config.stash[_OPTIONS_KEY]
         case = callspec.params["msprobe_api_case"]
         entry = {"test": pyfuncitem.nodeid, "api": case.api, "dtype": case.dtype, "pert_mode": case.pert_mode,
                  "device": options.device, "flagged": None}
+        failure = None
         try:
             run_case(case, options, pyfuncitem.nodeid, test_dump_path(options.root, pyfuncitem.nodeid))
         except AssertionError as exc:
             entry["flagged"] = str(exc).splitlines()[0]
+            entry["inputs"] = getattr(exc, "inputs", None)
             options.api_results.append(entry)
             if options.fail_on == "risk":
-                raise
-            pyfuncitem.user_properties.append(("msprobe_flagged_api", entry["flagged"]))
+                failure = failure_text(exc, pyfuncitem.nodeid)
+            else:
+                pyfuncitem.user_properties.append(("msprobe_flagged_api", entry["flagged"]))
         else:
             options.api_results.append(entry)
+        if failure is not None:  # one screen, no chained traceback: the verdict, the inputs, how to rerun it
+            pytest.fail(failure, pytrace=False)
     return (yield)
 
 
@@ -558,6 +564,7 @@ def _write_session_files(state: MsprobeSession) -> None:
         summary["api_checks"] = options.api_results
     if options.catalogue_results:
         summary["catalogue"] = options.catalogue_results
+    summary["session"] = session_outcomes(options.outcomes)
     where = session_files_dir(state.root)
     write_json_atomic(where / "summary.json", summary)
     try:
@@ -572,7 +579,7 @@ def _write_plugin_report(options: MsprobeOptions) -> None:
     """report.html of a session without --msprobe-task that ran the catalogue or per-API checks."""
     session = {"tool": "catalogue", "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
                "versions": _versions(), "device": options.device, "catalogue": options.catalogue_results,
-               "api_checks": options.api_results}
+               "api_checks": options.api_results, "session": session_outcomes(options.outcomes)}
     try:
         from pytest_msprobe.reports.html import render_html
 
@@ -599,9 +606,23 @@ def _versions() -> dict[str, str]:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -> None:
+    if not (report.when == "call" or report.outcome != "passed"):
+        return
     state: MsprobeSession | None = config.stash.get(_SESSION_KEY, None)
-    if state is not None and (report.when == "call" or report.outcome != "passed"):
+    if state is not None:
         state.outcomes[report.nodeid] = report.outcome
+    options: MsprobeOptions | None = config.stash.get(_OPTIONS_KEY, None)
+    if options is not None and options.outcomes.get(report.nodeid) != "failed":  # a failed teardown stays failed
+        options.outcomes[report.nodeid] = report.outcome
+
+
+def session_outcomes(outcomes: dict[str, str]) -> dict[str, int]:
+    """How many tests the session ran, by outcome (the report's cards count these, so they agree
+    with pytest's own line: model tests, per-API checks and catalogue tests alike)."""
+    counts = {"tests": len(outcomes)}
+    for outcome in outcomes.values():
+        counts[outcome] = counts.get(outcome, 0) + 1
+    return counts
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

@@ -26,7 +26,7 @@ def test_catalog_covers_the_public_math_namespaces():
     ):
         assert key in cat, key
         assert cat[key].exclusion is None, (key, cat[key].exclusion)
-    assert len(cat) == len(build_catalog())  # names are unique: qualified, no collisions (B19)
+    assert len(cat) == len(build_catalog())  # names are unique: qualified, no collisions (not torch.norm vs torch.linalg.norm)
 
 
 def test_masked_constructors_and_accessors_are_not_rerun():

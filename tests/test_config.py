@@ -150,7 +150,7 @@ BAD_CONFIGS: list[tuple[str, dict[str, Any], str, object, str]] = [
     ("max_sample-negative", cfg({"max_sample": -1}), "free_benchmark.max_sample", -1, "> 0"),
     ("max_sample-true", cfg({"max_sample": True}), "free_benchmark.max_sample", True, "not a boolean"),
     ("max_sample-float", cfg({"max_sample": 2.5}), "free_benchmark.max_sample", 2.5, "integer"),
-    # combination rules (spec §1.4)
+    # combination rules (handler / stage / pert_mode / preheat)
     (
         "fix-add_noise",
         cfg({"handler_type": "fix", "pert_mode": "add_noise"}),

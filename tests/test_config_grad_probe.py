@@ -1,4 +1,4 @@
-"""Tests for the grad_probe section of probes.core.config (spec grad_probe_online_dispatch.md §1.2)."""
+"""Tests for the grad_probe section of probes.core.config (msprobe's keys and checks)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""free_benchmark's backward stage (spec §5, B10-B13, B22, B34), PyTorch and MindSpore.
+"""free_benchmark's backward stage, PyTorch and MindSpore.
 
 A backward-only seeded defect is caught in the backward stage and not in the forward stage; the
 compared gradients are recomputed against the real cotangent; clean models give no rows under
@@ -32,7 +32,7 @@ def bw_config(fb_config, **section):
 
 
 def scoped_config(fb_config, scope: list[str]):
-    """A backward-stage config selected by `scope` (B34). The config loader still asks for `list`
+    """A backward-stage config selected by `scope` (exact backward names). The config loader still asks for `list`
     with the backward stage, so the scope is put on a validated forward config."""
     cfg = load_config(fb_config(pert_mode="no_change", scope=scope))
     return dataclasses.replace(cfg, free_benchmark=dataclasses.replace(cfg.free_benchmark, fuzz_stage="backward"))
@@ -114,7 +114,7 @@ def test_gradients_are_recomputed_against_the_real_cotangent(fb_config, monkeypa
 
 
 def test_an_input_with_several_consumers_is_judged_on_this_calls_gradient(fb_config, monkeypatch):
-    """B11: x.grad accumulates gelu's gradient and another consumer's; the check compares gelu's
+    """x.grad accumulates gelu's gradient and another consumer's; the check compares gelu's
     own VJP only, so no_change finds nothing."""
     seen = spy_vjps(monkeypatch)
     x = torch.linspace(-1.0, 1.0, 16).requires_grad_()

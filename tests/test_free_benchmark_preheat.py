@@ -1,4 +1,6 @@
-"""free_benchmark preheat on PyTorch (spec §4.5, B8, B9): thresholds learned against the CPU."""
+"""free_benchmark preheat on PyTorch: thresholds learned against the CPU, with msprobe's preheat
+defects fixed (max_sample default 15, step-0-only census, P - 1 sampling steps, dtypes blocking
+each other, a crash on outputs without tensors)."""
 
 from __future__ import annotations
 
@@ -173,7 +175,7 @@ def test_rows_during_preheat_are_preheat_rows_outside_the_csv(fb_config, tmp_pat
 
 
 def test_census_on_first_active_step_and_exactly_p_sampling_steps(fb_config, tmp_path, monkeypatch):
-    """B9: a step filter that starts at step 3 still gets a census (step 3) and P = 2 sampling
+    """A step filter that starts at step 3 (msprobe then never sampled) still gets a census (step 3) and P = 2 sampling
     steps (4 and 5); the learned threshold judges from step 6 on."""
     monkeypatch.setattr(torch, "expm1", seeded.wrong_half_kernel)
     dump = tmp_path / "dump"
@@ -194,7 +196,7 @@ def test_census_on_first_active_step_and_exactly_p_sampling_steps(fb_config, tmp
 
 
 def test_two_dtypes_of_one_api_are_adjusted_independently(fb_config, monkeypatch):
-    """B9: the bf16 kernel is wrong (frozen at the first sampling step), the fp16 one is right; the
+    """The bf16 kernel is wrong (frozen at the first sampling step), the fp16 one is right; the
     fp16 threshold keeps being adjusted at every sampling step."""
     def wrong_bf16_only(x):
         y = torch.special.expm1(x)
@@ -218,7 +220,7 @@ def test_two_dtypes_of_one_api_are_adjusted_independently(fb_config, monkeypatch
 
 
 def test_outputs_without_tensors_do_not_crash(fb_config, monkeypatch):
-    """B9: the reference failed on an output holding no tensor (its dtype was undefined)."""
+    """The reference failed on an output holding no tensor (its dtype was undefined)."""
     monkeypatch.setattr(torch, "expm1", lambda x: float(x.double().sum()))
     monkeypatch.setattr(torch, "exp2", lambda x: "done")
 
@@ -236,7 +238,7 @@ def test_outputs_without_tensors_do_not_crash(fb_config, monkeypatch):
 
 def test_max_sample_defaults_to_20(fb_config):
     dbg = PrecisionDebugger(config=_cfg(fb_config))
-    assert dbg.summary()["config"]["free_benchmark"]["max_sample"] == 20  # B8
+    assert dbg.summary()["config"]["free_benchmark"]["max_sample"] == 20  # msprobe's docs say 20, its code used 15
     assert dbg.probe.preheat.max_sample == 20 and dbg.probe.preheat.preheat_step == 15
 
 

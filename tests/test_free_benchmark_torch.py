@@ -409,3 +409,14 @@ def test_vector_norm_with_a_dtype_argument_under_improve_precision(fb_config, fi
     assert stats["checked"] == 2 and stats["flagged"] == 0
     assert y.dtype == torch.float32 and z.dtype == torch.float64
     assert torch.equal(y, plain)
+
+
+def test_a_clean_api_records_how_close_it_came(tmp_path):
+    dbg = PrecisionDebugger(config={"task": "free_benchmark", "dump_path": str(tmp_path),
+                                    "free_benchmark": {"pert_mode": "add_noise", "list": ["tanh"]}})
+    with dbg:
+        torch.tanh(torch.randn(64, 64))
+        torch.tanh(torch.randn(64, 64))
+    stats = dbg.summary()["apis"]["Torch.tanh"]
+    assert stats["checked"] == 2 and stats["flagged"] == 0
+    assert isinstance(stats["worst_score"], float) and 0.0 <= stats["worst_score"] < 1.0

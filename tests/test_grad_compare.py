@@ -1,6 +1,6 @@
 """grad_probe comparison side: GradComparator, the 0.97/0.03 rule, the assertion and the CLI.
 
-Dumps are synthesised with numpy in the reference layout (spec grad_probe §3): per rank
+Dumps are synthesised with numpy in msprobe's layout: per rank
 ``grad_summary_{N}.csv`` (UTF-8 BOM, CRLF, ``param_name,max,min,norm,shape`` or with ``MD5`` at L0)
 and ``step{N}/{param}.npy`` holding ``g > 0`` as bool in the gradient's shape (L1/L2 only).
 """
@@ -198,7 +198,7 @@ def test_first_step_similarity_095_flagged(tmp_path):
 
 
 def _worked_example_runs():
-    """Spec §4.2's verified example: 0.weight (12 elements), 0.bias (3), 2.weight (6), 4 steps."""
+    """An example checked against msprobe's comparator: 0.weight (12 elements), 0.bias (3), 2.weight (6), 4 steps."""
     same = {"0.weight": [6, 5, 7, 6], "0.bias": [2, 1, 0, 1], "2.weight": [3, 3, 0, 3]}
     shapes = {"0.weight": (3, 4), "0.bias": (3,), "2.weight": (2, 3)}
     a, b = {}, {}

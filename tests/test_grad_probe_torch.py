@@ -1,5 +1,6 @@
-"""grad_probe on PyTorch: statistics, file formats (spec grad_probe_online_dispatch.md §2–§3) and the
-monitor's hook life cycle (B-G3, B-G4, B-G6, B-G11)."""
+"""grad_probe on PyTorch: statistics, msprobe's file formats and the monitor's hook life cycle
+(only the model's optimizers hooked, rank resolved lazily, empty gradients as NaN rows, a missing
+gradient logged once)."""
 
 from __future__ import annotations
 
@@ -123,7 +124,7 @@ def test_crc32_test_vectors(values: list[Any], crc: str) -> None:
 def test_stat_vector_doc_example_numpy_and_torch() -> None:
     for xp, g in ((xp_np, np.array([9.3, 5.4, -1.0, -12.3])), (xp_torch, torch.tensor([9.3, 5.4, -1.0, -12.3], dtype=torch.float64))):
         v = [float(x) for x in stats.stat_vector(xp, g, (-10, 0, 10), True)]
-        assert v[:2] == [9.3, -12.3]  # float64 grads keep their precision (B-G5)
+        assert v[:2] == [9.3, -12.3]  # float64 grads keep their precision (no float32 rounding)
         assert v[2] == math.sqrt(9.3**2 + 5.4**2 + 1.0 + 12.3**2)
         assert v[3:] == [0.25, 0.25, 0.5, 0.0, 0.0]
 
@@ -179,8 +180,9 @@ def test_interval_headers() -> None:
 
 
 def test_spec_example_row_layer_weight(tmp_path: Path) -> None:
-    """Spec §3.2 second example. The reference's norm 2.076655864715576 is float32-rounded; ours is
-    the float64 value sqrt(4.3125) = 2.0766559657295187 (B-G5). Every other cell is byte-identical."""
+    """msprobe's L2 row for [[0.5, -0.25], [0.0, 2.0]]. The reference's norm 2.076655864715576 is
+    float32-rounded; ours is the float64 value sqrt(4.3125) = 2.0766559657295187. Every other cell is
+    byte-identical."""
     g = torch.tensor([[0.5, -0.25], [0.0, 2.0]])
     row = stats.split_stats("layer.weight", g.shape, stats.stat_vector(xp_torch, g, BOUNDS, True).tolist(), BOUNDS, True)
     path = csv_format.write_summary_csv(tmp_path / "s.csv", "L2", BOUNDS, [row])
@@ -191,7 +193,7 @@ def test_spec_example_row_layer_weight(tmp_path: Path) -> None:
 
 
 def test_spec_full_example_bytes(tmp_path: Path) -> None:
-    """Spec §3.5: header, quoting, BOM and CRLF of the reference, from the reference's figures."""
+    """Header, quoting, BOM and CRLF of the reference, from a file msprobe wrote (L2, two-layer MLP)."""
     bounds = (-0.1, 0, 0.1)
     rows = [
         GradStats("0.weight", (3, 4), 0.0, -0.22386321425437927, 0.239546537399292,
@@ -205,7 +207,7 @@ def test_spec_full_example_bytes(tmp_path: Path) -> None:
         b'0.weight,0.08333333333333333,0.9166666666666666,0.0,0.0,0.6666666666666666,0.0,-0.22386321425437927,0.239546537399292,"[3, 4]"\r\n'
         b"0.bias,0.0,0.6666666666666666,0.0,0.3333333333333333,0.6666666666666666,0.14159651100635529,0.0,0.14159651100635529,[3]\r\n"
     )
-    # rewriting replaces the file (spec §3.6), header-only when no parameter has a gradient
+    # rewriting replaces the file (as msprobe's PyTorch side does), header-only when no parameter has a gradient
     csv_format.write_summary_csv(path, "L2", bounds, [])
     assert path.read_bytes() == b'\xef\xbb\xbfparam_name,"(-inf, -0.1]","(-0.1, 0]","(0, 0.1]","(0.1, inf)",=0,max,min,norm,shape\r\n'
 
@@ -482,7 +484,7 @@ def test_debugger_monitor_model(tmp_path: Path) -> None:
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     n_global = len(topt._global_optimizer_pre_hooks)
-    debugger = PrecisionDebugger(str(cfg_path), dump_path=tmp_path / "out")  # the override is honoured (B-G7)
+    debugger = PrecisionDebugger(str(cfg_path), dump_path=tmp_path / "out")  # the override is honoured (msprobe ignored it)
     debugger.start()
     mon = debugger.monitor(model)
     assert debugger.monitor(model) is mon  # a second call adds nothing

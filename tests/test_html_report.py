@@ -129,7 +129,8 @@ def test_realistic_report_is_self_contained_with_valid_plots(realistic_report):
     # the string figure is off the scale: first in the table, then by ratio to the threshold
     apis = re.findall(r"<tr><td><code>(.*?)</code>", section(page, "apis"))
     assert [a.replace("<wbr>", "") for a in apis] == [
-        "Tensor.__add__", "Functional.scaled_dot_product_attention", "Functional.softmax", "Torch.matmul"]
+        "Tensor.__add__", "Functional.scaled_dot_product_attention", "Functional.softmax", "Torch.matmul",
+        "Functional.gelu"]  # the last: within its threshold, in the "closest first" table
 
 
 @pytest.mark.skipif(find_chromium() is None, reason="headless Chromium not installed (.ci/run installs it)")
@@ -342,3 +343,65 @@ def test_screenshot_arguments(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(FileNotFoundError, match="apt-get install chromium"):
         screenshot(tmp_path / "r.html", tmp_path / "r.png")
+
+
+def test_names_matplotlib_would_misread_are_drawn_literally(tmp_path):
+    """A ``$…$`` pair (mathtext; a malformed one raises) and a leading ``_`` (legends drop such
+    labels: torch.compile's ``_orig_mod.``) must neither lose the report nor vanish from a plot."""
+    from pytest_msprobe.reports import html as report_html
+
+    nodeid = "tests/x.py::test_cost[$x$-$\\frac{1}{$]"
+    param = "_orig_mod.layers.0.weight"
+    session = {
+        "tool": "free_benchmark",
+        "tests": {nodeid: {"outcome": "failed", "flagged_apis": ["Functional.$gelu$"]}},
+        "apis": {"Functional.$gelu$": {"checked": 1, "flagged": 1, "worst_max_rel": 0.5, "threshold": 0.004,
+                                       "tests": [nodeid], "first_flagged": "$bad"}},
+        "similarities": {nodeid: {"steps": [0, 1, 2], "params": {param: [1.0, 0.99, 0.5], "$\\frac{1}{$": [1.0, 1.0, 1.0]}}},
+    }
+    page = render_html(session, tmp_path / "report.html").read_text(encoding="utf-8")
+    assert len(decoded_pngs(page)) == 2
+    assert report_html._plot_text(param) != param and report_html._plot_text(param).strip() == param
+    assert report_html._plot_text("$x$") == r"\$x\$"
+    # the legend keeps the underscored name
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure()
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    ax.plot([0, 1], [0, 1], label=report_html._plot_text(param))
+    assert [t.get_text() for t in ax.legend().get_texts()] == [" " + param]
+
+
+def test_the_reproduce_command_quotes_the_test_id_for_the_shell(tmp_path):
+    nodeid = "tests/x.py::test_api[it's $HOME]"
+    session = {"tool": "catalogue", "api_checks": [{"api": "torch.exp", "dtype": "float16", "pert_mode": "add_noise",
+                                                     "device": "cpu", "flagged": "max_rel 0.5", "test": nodeid}]}
+    page = render_html(session, tmp_path / "report.html").read_text(encoding="utf-8")
+    import html as _html
+    import shlex
+
+    assert _html.escape(f"pytest {shlex.quote(nodeid)}") in page.replace("<wbr>", "")
+
+
+def test_a_clean_run_shows_how_close_each_api_came(tmp_path):
+    apis = {"Functional.gelu": {"checked": 4, "flagged": 0, "worst_max_rel": None, "worst_score": 0.25,
+                                "dtypes": ["bfloat16"]},
+            "Torch.exp": {"checked": 2, "flagged": 0, "worst_max_rel": None, "worst_score": 0.8, "dtypes": ["float16"]},
+            "Torch.add": {"checked": 1, "flagged": 0, "worst_max_rel": None}}  # an older summary: no score
+    page = render_html({"tool": "free_benchmark", "apis": apis, "tests": {"t::a": {"outcome": "passed"}}},
+                       tmp_path / "report.html").read_text(encoding="utf-8")
+    sec = section(page, "apis")
+    assert "<details open>" in sec and "closest first" in sec
+    names = [a.replace("<wbr>", "") for a in re.findall(r"<tr><td><code>(.*?)</code>", sec)]
+    assert names == ["Torch.exp", "Functional.gelu", "Torch.add"]
+    assert "0.8\u00d7" in sec and "0.25\u00d7" in sec
+
+
+def test_the_config_chips_show_fuzz_device_only_where_it_matters(tmp_path):
+    for mode, shown in (("add_noise", False), ("to_cpu", True)):
+        config = {"task": "free_benchmark", "free_benchmark": {"pert_mode": mode, "fuzz_device": "npu"}}
+        page = render_html({"tool": "free_benchmark", "config": config}, tmp_path / "r.html").read_text(encoding="utf-8")
+        chips = page[page.index('<div class="config">'):page.index("<details><summary>full config")]
+        assert ("fuzz_device" in chips) is shown

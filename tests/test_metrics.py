@@ -1,7 +1,7 @@
 """Tests for probes.core.metrics (and the threshold table of probes.core.thresholds).
 
 Every formula is run on two array namespaces, numpy and torch (both through array-api-compat), and
-the expected values are derived from the spec (free_benchmark.md §4.1, §4.2, §7) by hand.
+the expected values are derived by hand from msprobe's rules (with its defects fixed).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def single_verdict(xp, actual, golden, limits: th.SingleBenchmarkThreshold) -> m
 
 
 # ---------------------------------------------------------------------------------------------
-# thresholds: the spec's tables
+# thresholds: msprobe's tables
 
 
 def test_noise_values_and_forward_tolerances_match_spec_table():
@@ -91,7 +91,7 @@ def test_single_benchmark_thresholds_match_spec_table():
 
 
 # ---------------------------------------------------------------------------------------------
-# ratio rule: the spec §4.1 worked examples
+# ratio rule: worked examples checked against msprobe's arithmetic
 
 
 def test_spec_example_small_difference_is_consistent(ns):
@@ -127,7 +127,7 @@ def test_sign_flip_needs_product_below_minus_tol_squared(ns):
 
 def test_spec_example_value_from_zero(ns):
     xp, arr = ns
-    # a=[0, 2], b=[0.01, 2]: max(|0|, 1e-3) vs 0.01 -> ratio 0.01 / 1e-3 = 10 (the spec's 9.996 is fp16 rounding)
+    # a=[0, 2], b=[0.01, 2]: max(|0|, 1e-3) vs 0.01 -> ratio 0.01 / 1e-3 = 10 (msprobe's documented 9.996 is fp16 rounding)
     v = ratio_verdict(xp, arr([0.0, 2.0]), arr([0.01, 2.0]), 1e-3)
     assert v.ratio == pytest.approx(10.0, rel=1e-9)
     assert not v.consistent(1.002)
@@ -138,7 +138,7 @@ def test_spec_example_value_from_zero(ns):
 
 
 def test_spec_example_fp16_value_from_zero_with_fp16_inputs():
-    # The spec's figure uses fp16 values: b = fp16(0.01), compared in float32 here
+    # msprobe's figure uses fp16 values: b = fp16(0.01), compared in float32 here
     b = torch.tensor([0.01, 2.0], dtype=torch.float16).to(torch.float32)
     a = torch.tensor([0.0, 2.0], dtype=torch.float16).to(torch.float32)
     v = ratio_verdict(xp_torch, a, b, 1e-3)
@@ -189,7 +189,7 @@ def test_ratio_reductions_keep_float32_and_work_on_0d(ns):
 
 
 # ---------------------------------------------------------------------------------------------
-# B1: every chunk counts
+# every chunk counts (msprobe kept the last chunk's verdict only)
 
 
 @pytest.fixture
@@ -239,7 +239,7 @@ def test_b1_chunked_and_unchunked_agree(ns, monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------
-# B2: non-finite values are never masked
+# non-finite values are never masked (msprobe counted NaN as agreeing)
 
 
 def test_b2_nan_only_in_perturbed_is_reported(ns):
@@ -253,7 +253,7 @@ def test_b2_nan_only_in_perturbed_is_reported(ns):
 
 def test_b2_nan_only_in_original_is_reported(ns):
     xp, arr = ns
-    # the spec's example a=[NaN, 2], b=[5, 2] was consistent in the reference
+    # a=[NaN, 2], b=[5, 2] was consistent in the reference (NaN ratios counted as 1)
     v = ratio_verdict(xp, arr([NAN, 2.0]), arr([5.0, 2.0]), 1e-3)
     assert v.nan_mismatch
     assert not v.consistent(1.002)
@@ -341,7 +341,7 @@ def test_ratio_properties_numpy_and_torch_agree(pairs):
 
 
 # ---------------------------------------------------------------------------------------------
-# single benchmark (to_cpu, spec §4.2)
+# single benchmark (to_cpu)
 
 FP16 = th.single_benchmark_threshold("float16")
 FP32 = th.single_benchmark_threshold("float32")

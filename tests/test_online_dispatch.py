@@ -120,7 +120,7 @@ def test_every_argument_is_validated(tmp_path, kwargs, key):
     with pytest.raises(ConfigError) as err:
         PtdbgDispatch(**kwargs)
     assert err.value.key == key
-    assert list(tmp_path.iterdir()) == []  # nothing created on a bad argument (B-O9)
+    assert list(tmp_path.iterdir()) == []  # nothing created on a bad argument (msprobe left an empty run directory)
 
 
 def test_api_list_typo_gets_a_suggestion(tmp_path):

@@ -190,3 +190,53 @@ def test_float32_improve_precision_catches_a_reduced_precision_kernel(pytester, 
         result.stdout.fnmatch_lines(["*Functional.linear.* (float32, improve_precision): max_rel * > threshold 0.0002*"])
     else:
         result.assert_outcomes(passed=1)
+
+
+MODEL_TESTS = '''
+import pytest
+import torch
+
+def test_model():
+    assert torch.nn.functional.gelu(torch.randn(4, 8)).shape == (4, 8)
+
+def test_plain_python():
+    assert 1 + 1 == 2
+
+@pytest.mark.skip(reason="not here")
+def test_skipped():
+    pass
+'''
+
+
+def test_the_reports_test_count_equals_pytests(suite):
+    """Model tests, per-API checks and skipped tests all count: the report's cards show what
+    pytest's own summary line says."""
+    import re
+
+    suite.makepyfile(test_model=MODEL_TESTS)
+    result = suite.runpytest_subprocess("-p", "no:cacheprovider", "--msprobe-task=free_benchmark",
+                                        "--msprobe-fail-on=never")
+    outcomes = result.parseoutcomes()
+    page = (suite.path / ".msprobe" / "report.html").read_text(encoding="utf-8")
+    cards = {label: int(n) for n, label in re.findall(r'<div class="num">(\d+)</div><div>([^<]+)</div>', page)}
+    assert cards["tests"] == sum(outcomes.get(k, 0) for k in ("passed", "failed", "skipped")) == 9
+    assert cards["passed"] == outcomes["passed"] and cards["failed"] == outcomes.get("failed", 0)
+    assert cards["skipped"] == outcomes["skipped"] == 1
+
+
+def test_a_flagged_check_shows_its_minimal_inputs_on_one_screen_and_in_the_report(suite):
+    result = suite.runpytest_subprocess("-p", "no:cacheprovider", "-k", "expm1")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    failure = out[out.index("test_expm1[expm1-float16-improve_precision] __"):out.index("Captured log")]
+    assert "minimal failing inputs:" in failure and "args[0]: float16 (" in failure
+    assert "rerun: pytest 'test_apis.py::test_expm1[expm1-float16-improve_precision]'" in failure
+    # no traceback through the plugin or Hypothesis, no search jargon
+    assert "plugin.py" not in failure and "Traceback" not in failure and "During handling" not in failure
+    assert "Highest target score" not in failure and len(failure.splitlines()) < 20
+    import json
+
+    entry = json.loads((suite.path / ".msprobe" / "api_checks.json").read_text())["tests"][0]
+    assert entry["inputs"][0]["dtype"] == "float16" and entry["inputs"][0]["values"].startswith("[")
+    page = (suite.path / ".msprobe" / "report.html").read_text(encoding="utf-8")
+    assert "minimal failing inputs" in page and "args[0]: float16" in page

@@ -42,6 +42,10 @@ def test_free_benchmark_rows_of_every_step(tmp_path, monkeypatch):
     assert (fb["max_rel"] > 0.004).all() and fb["max_rel"].dtype == float
     assert (fb["test"] == "").all()
     assert res.online_dispatch.empty and list(res.grad_stats.columns) == GRAD_STATS_COLUMNS
+    # one group per API, whatever its calls and steps
+    assert list(fb.groupby("api")["max_rel"].max().index) == ["Torch.softmax"]
+    assert set(fb["call"]) == {0} or fb["call"].notna().all()
+    assert (fb["api"] + "." + fb["call"].astype(str) + "." + fb["stage"] == fb["api_name"]).all()
 
 
 def test_grad_stats_long_format_and_similarities(tmp_path):
@@ -70,6 +74,8 @@ def test_online_dispatch_rows_with_numbers(tmp_path):
     assert {"NPU Name", "Cosine", "Accuracy Reached or Not", "Cosine_value"} <= set(od.columns)
     outputs = od[od["NPU Name"].str.contains("_output")]
     assert outputs["Cosine_value"].dropna().between(0.99, 1.0).all()
+    assert od["call"].notna().all() and (od["call"] >= 1).all()
+    assert set(od["api"]) == {"addmm", "mm", "sum"}  # one name per op, whatever its calls
 
 
 def test_a_pytest_session_maps_files_to_their_tests(pytester):
@@ -102,6 +108,10 @@ def naive_expm1(x):  # cancellation for small |x| in half precision
 def test_empty_or_missing_directories(tmp_path):
     res = load(tmp_path)
     assert all(frame.empty for frame in res.tables().values())
+    assert {"api", "dtype", "max_ulp", "status"} <= set(res.catalogue.columns)
+    assert {"api", "call", "api_name", "max_rel"} <= set(res.free_benchmark.columns)
+    text = repr(res)
+    assert len(text.splitlines()) == 7 and ".catalogue" in text and "0 rows" in text
     with pytest.raises(ConfigError, match="a directory holding probe results"):
         load(tmp_path / "nope")
     assert folder_of_test("tests/test_x.py::test_y[a-b]") == "tests_test_x.py_test_y_a-b"

@@ -1,17 +1,18 @@
 """The MindSpore APIs free_benchmark can hook (PyNative), and their names.
 
-The whitelist is the reference's (msprobe 8.3.3 free-benchmark yaml, spec Appendix A), intersected
-with what the installed MindSpore has. Families and name prefixes (spec §2.2):
+The whitelist is the reference's (msprobe 8.3.3's free-benchmark yaml), intersected
+with what the installed MindSpore has. Families and name prefixes (msprobe's):
 
     mindspore.ops                  → Functional      mindspore.ops.add            → Functional.add
     mindspore.Tensor methods       → Tensor          mindspore.Tensor.__add__     → Tensor.__add__
     mindspore.mint                 → Mint            mindspore.mint.matmul        → Mint.matmul
     mindspore.mint.nn.functional   → MintFunctional  mindspore.mint.nn.functional.relu → MintFunctional.relu
 
-Calls are named like PyTorch's, per call and per step (B20 fixed): `Functional.add.0.forward`.
+Calls are named like PyTorch's, per call and per step: `Functional.add.0.forward` (the reference
+gave every call of an API one fixed id such as `Functional.add.0`, with no stage suffix).
 Random and in-place APIs of the whitelist (bernoulli, normal, rrelu, `__iadd__`, ...) are wrapped
-only so that their exclusion is counted; they are never re-run (B15). Dropout is never replaced
-by an identity (B26). Wrapping and restoring is the PyTorch probe's (probes.backends.patching).
+only so that their exclusion is counted; they are never re-run (the reference re-ran them).
+Dropout is never replaced by an identity (the reference did so while its hooks were installed). Wrapping and restoring is the PyTorch probe's (probes.backends.patching).
 """
 
 from __future__ import annotations

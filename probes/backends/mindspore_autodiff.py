@@ -4,7 +4,8 @@ MindSpore 2.10 gives the real cotangent in PyNative mode: `Tensor.register_hook`
 output, inside a function being differentiated (`mindspore.grad`, `value_and_grad`,
 `GradOperation`), fires during that backward pass with the gradient flowing into the output (None
 for an output that receives none), and `mindspore.vjp` may run inside such a hook. So the
-reference's ones-as-cotangent check inside the forward hook (B22) is replaced by the same check as
+reference's ones-as-cotangent check inside the forward hook (not the real upstream gradient, and
+run even when backward never happens) is replaced by the same check as
 PyTorch's.
 
 MindSpore has no grad flag per tensor: a call is recorded when the PyNative executor records

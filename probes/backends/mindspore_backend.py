@@ -201,7 +201,7 @@ class MindSporeBackend(BackendDefaults):
         return _DTYPE_NAMES.get(t.dtype, str(t.dtype).lower())
 
     def dtype_repr(self, t: Any) -> str:
-        return str(t.dtype)  # Float16 (spec §6.1)
+        return str(t.dtype)  # Float16, as msprobe's MindSpore CSV writes it
 
     def shape_repr(self, t: Any) -> str:
         return str(tuple(t.shape))  # (4, 4)

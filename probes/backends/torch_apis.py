@@ -1,9 +1,10 @@
 """The PyTorch APIs free_benchmark can hook, and the wrapping that hooks them.
 
-Families and name prefixes follow the reference (spec §2.1): `torch` and its submodules
+Families and name prefixes follow the reference (msprobe 8.3.3): `torch` and its submodules
 linalg, fft, special, masked → Torch, `torch.Tensor` methods → Tensor, `torch.nn.functional` →
-Functional, torch_npu → NPU. Names are qualified (`Torch.linalg.norm`, `Torch.masked.softmax`,
-B19). The catalog is built from the installed framework, so an API that
+Functional, torch_npu → NPU. Names are qualified (`Torch.linalg.norm`, `Torch.masked.softmax`;
+the reference used the last segment only, so `torch.linalg.norm` and `torch.norm` shared
+`Torch.norm` and its counter). The catalog is built from the installed framework, so an API that
 does not exist is simply absent. Wrapping replaces attributes at start and puts the very same
 objects back at stop: after `uninstall()`, `torch.nn.functional.linear is torch._C._nn.linear`.
 """

@@ -23,8 +23,8 @@ _DTYPE_NAMES = {
     torch.float64: "float64",
 }
 _INT_VIEW = {"float16": torch.int16, "bfloat16": torch.int16, "float32": torch.int32, "float64": torch.int64}
-# Every floating dtype narrower than float32 is raised to float32 by improve_precision (B29: an
-# explicit table, not "fp16/bf16 only").
+# Every floating dtype narrower than float32 is raised to float32 by improve_precision (an
+# explicit table, not msprobe's "fp16/bf16 only", which left fp8 as it was or not by argument order).
 _LOW_PRECISION = {torch.float16, torch.bfloat16}
 # Devices whose kernels largely lack float64 (Ascend NPUs, Apple MPS): improve_precision's float64
 # re-run of a float32 call happens on the CPU there, with the inputs copied over.
@@ -186,7 +186,8 @@ class TorchBackend(BackendDefaults):
         return out
 
     def any_differ(self, a: Any, b: Any) -> Any:
-        """Device scalar: number of differing elements (integer/bool outputs are compared exactly, B16)."""
+        """Device scalar: number of differing elements (integer/bool outputs are compared exactly,
+        not by a float ratio that turns any index change into a huge error)."""
         b = b.to(device=a.device)
         if a.shape != b.shape:
             return torch.tensor([float(max(a.numel(), 1))], device=a.device)
@@ -211,7 +212,8 @@ class TorchBackend(BackendDefaults):
         """Global rank: the process group's; before ``init_process_group``, the ``RANK`` that
         torchrun (or torch.distributed.launch) gave the worker, so a probe started first still
         names its files by the global rank instead of writing rank0 on every rank; else 0.
-        No exception path (B14)."""
+        No exception path (msprobe caught only RuntimeError, but torch raises ValueError without a
+        process group, so single-process runs wrote no rows)."""
         dist = torch.distributed
         if dist.is_available() and dist.is_initialized():
             return dist.get_rank()

@@ -4,19 +4,19 @@ Every check runs in :func:`load_config`, before any hook is installed, so a bad 
 leaves a model half-probed. Each failure raises :class:`~probes.core.errors.ConfigError` naming
 the dotted key, the bad value and what is allowed (the reference logs a bare INVALID_PARAM).
 
-Deliberate differences from the reference (spec free_benchmark.md §1, §7):
+Deliberate differences from the reference:
 
 * an explicit JSON ``null`` means "use the default" (the reference fails membership checks);
-* ``max_sample`` defaults to 20, as the docs say (the code uses 15, B8);
+* ``max_sample`` defaults to 20, as msprobe's docs say (its code used 15 by mistake);
 * ``preheat_step``/``max_sample`` are validated even when preheat is off;
 * ``level`` must be ``"L1"`` for free_benchmark (the reference silently does nothing under L0);
 * ``scope`` must be a list (the reference wraps a bare string), and the scope-layer checks
   (scope/list conflict, list element types) run here instead of when the service is built;
 * ``task`` has no default (the reference falls back to ``"statistics"``, which this tool lacks);
 * unknown keys warn instead of being silently ignored;
-* grad_probe (spec grad_probe_online_dispatch.md §1.2): an empty ``bounds`` list is rejected
-  (B-G1), ``param_list`` entries must be non-empty strings, and the top-level ``level`` is not
-  tied to grad_probe's own ``grad_level``.
+* grad_probe: an empty ``bounds`` list is rejected (the reference accepted it and then wrote L2
+  rows one cell wider than the header), ``param_list`` entries must be non-empty strings, and the
+  top-level ``level`` is not tied to grad_probe's own ``grad_level``.
 
 This module imports no deep-learning framework.
 """
@@ -70,12 +70,12 @@ ADD_NOISE_STYLES = ("ulp", "reference")
 RULES = ("reference", "scaled")
 GRAD_LEVELS = ("L0", "L1", "L2")
 
-#: Keys of the ``"grad_probe"`` section (spec grad_probe_online_dispatch.md §1.2).
+#: Keys of the ``"grad_probe"`` section (msprobe's).
 GRAD_PROBE_KEYS = ("grad_level", "param_list", "bounds")
 #: Bounds must fit an int64, as in the reference's check_bounds (so nan/inf are rejected too).
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
-#: Largest rank/step number and largest expanded list, as in the reference (spec §1.2).
+#: Largest rank/step number and largest expanded list, as in the reference.
 INDEX_MAX = 1_000_000
 
 #: Top-level keys this tool reads (overridable through ``load_config(overrides=...)``).
@@ -121,7 +121,7 @@ PathSource = Union[str, "os.PathLike[str]"]
 
 @dataclass(frozen=True)
 class FreeBenchmarkConfig:
-    """The ``"free_benchmark"`` section, validated. Defaults are the reference's (except max_sample, B8)."""
+    """The ``"free_benchmark"`` section, validated. Defaults are the reference's (except max_sample: 20 as its docs say, not 15)."""
 
     scope: tuple[str, ...] = ()
     api_list: tuple[str, ...] = ()  # JSON key "list"
@@ -168,7 +168,7 @@ class GradProbeConfig:
 
     ``bounds`` keeps each value exactly as parsed (an int stays an int), because the L2 CSV header
     is built from ``str()`` of each bound: ``-1`` -> ``(-inf, -1]``, ``1e-5`` -> ``1e-05``.
-    Unlike the reference an empty ``bounds`` list is rejected (B-G1).
+    Unlike the reference an empty ``bounds`` list is rejected (it gave a misaligned L2 CSV).
     """
 
     grad_level: str = "L1"
@@ -343,7 +343,7 @@ def _str_list(key: str, value: object) -> tuple[str, ...]:
 
 
 def parse_index_list(key: str, value: object) -> tuple[int, ...]:
-    """Parse the ``rank``/``step`` syntax (spec §1.2) into a sorted tuple of unique ints.
+    """Parse msprobe's ``rank``/``step`` syntax into a sorted tuple of unique ints.
 
     Elements are ints in [0, 1_000_000] (booleans rejected) or ``"a-b"`` strings with a <= b,
     expanded inclusively. ``null`` means ``()`` (= all). A bare value where a list belongs is
@@ -542,7 +542,7 @@ def _level(value: object, task: str) -> str:
 
 
 def _free_benchmark(fb: Mapping[Any, Any]) -> FreeBenchmarkConfig:
-    """Validate the free_benchmark section: per-key types and values first, then combination rules (§1.4)."""
+    """Validate the free_benchmark section: per-key types and values first, then combination rules."""
     p = "free_benchmark."
     d = FreeBenchmarkConfig()
     cfg = FreeBenchmarkConfig(
@@ -669,7 +669,7 @@ def _bounds(value: object) -> tuple[float | int, ...]:
             key, value, f"a list of strictly ascending numbers (got a {_type_name(value)})", hint="write e.g. [-1, 0, 1]"
         )
     if not value:
-        # B-G1: the reference accepts [] and then writes rows one cell wider than the header.
+        # the reference accepts [] and then writes rows one cell wider than the header.
         raise ConfigError(
             key, value, "a non-empty list of strictly ascending numbers", hint="write e.g. [-1, 0, 1] (the default)"
         )
@@ -693,7 +693,7 @@ def _bounds(value: object) -> tuple[float | int, ...]:
 
 
 def _grad_probe(gp: Mapping[Any, Any]) -> GradProbeConfig:
-    """Validate the grad_probe section (spec grad_probe_online_dispatch.md §1.2, plus B-G1)."""
+    """Validate the grad_probe section (msprobe's checks, plus: empty ``bounds`` rejected)."""
     return GradProbeConfig(
         grad_level=_grad_level(gp.get("grad_level")),
         param_list=_param_list(gp.get("param_list")),

@@ -5,7 +5,7 @@ The formulas run over an array namespace `xp` on whatever device the caller put 
 stays cache-sized, and return *device* figures that the caller gathers with one host transfer
 per op. The verdict (`judge`) is plain Python over those figures.
 
-The rule (spec grad_probe_online_dispatch.md §6.1) fails a leaf when
+The rule (the one msprobe's online_dispatch docs describe) fails a leaf when
 ``Cosine < COS_THRESHOLD and MaxAbsErr > MAX_ABS_ERR_THRESHOLD``, or ``Cosine < COS_MAX_THRESHOLD``,
 or ``MaxAbsErr > MAX_ABS_ERR_MAX_THRESHOLD``. The literal rule is blind to scale: a value that is
 zero in exact arithmetic comes out as rounding noise on both sides, and two noise vectors have
@@ -37,7 +37,7 @@ from typing import Any
 from probes.core import metrics, scaled
 from probes.core.thresholds import dispatch_scaled_threshold
 
-# The documented rule (§6.1), by name.
+# The documented rule, by name.
 COS_THRESHOLD = 0.99
 MAX_ABS_ERR_THRESHOLD = 0.001
 COS_MAX_THRESHOLD = 0.9
@@ -78,7 +78,7 @@ RULE_REFERENCE, RULE_SCALED, RULE_BOTH = "reference", "scaled", "both"
 RULES = (RULE_BOTH, RULE_REFERENCE, RULE_SCALED)
 # Layout of the statistics vector of one leaf (the CSV's max/min/mean): max, min, sum, finite count.
 STAT_COUNT = 4
-# Layout of the single-benchmark vector (§6.2).
+# Layout of the single-benchmark vector (the figures msprobe 8.3.3 actually computed).
 SB_ABS, SB_REL, SB_EB, SB_MISMATCH = range(4)
 SB_COUNT = 4
 
@@ -218,7 +218,7 @@ def needs_masked_pass(figures: list[float]) -> bool:
 
 def max_relative_error(xp: Any, dev: Any, ref: Any) -> Any:
     """0-d device array: MaxRelativeErr = max |dev - ref| / |ref| over pairs finite on both sides,
-    |ref| = 0 counted as float64 eps (spec §6.1)."""
+    |ref| = 0 counted as float64 eps (as documented)."""
     dev, ref = _f64(xp, dev), _f64(xp, ref)
     fin = xp.isfinite(dev) & xp.isfinite(ref)
     zero = xp.zeros_like(ref)
@@ -228,7 +228,7 @@ def max_relative_error(xp: Any, dev: Any, ref: Any) -> Any:
 
 def single_benchmark_figures(xp: Any, dev: Any, ref: Any, small_value: float) -> Any:
     """Device array [small-value abs err, large-value rel err, error balance, non-finite
-    mismatches] of §6.2 for a flat leaf pair, by `metrics.single_benchmark_reductions` (one
+    mismatches] (msprobe 8.3.3's single-benchmark figures) for a flat leaf pair, by `metrics.single_benchmark_reductions` (one
     definition, shared with free_benchmark's to_cpu). Computed for failing leaves only (and for
     every leaf with debug=True), so the pass every op pays stays lean."""
     return metrics.single_benchmark_reductions(xp, _f64(xp, dev), _f64(xp, ref), small_value)
@@ -289,7 +289,7 @@ class LeafVerdict:
 
 
 def cosine_of(figures: list[float]) -> tuple[float | None, str]:
-    """The §6.1 cosine with its edge cases: (value or None, message)."""
+    """The documented cosine with its edge cases: (value or None, message)."""
     dev_norm = math.sqrt(max(figures[DEV_SQ], 0.0))
     ref_norm = math.sqrt(max(figures[REF_SQ], 0.0))
     if dev_norm <= FLOAT64_EPS and ref_norm <= FLOAT64_EPS:
@@ -336,7 +336,7 @@ def judge(figures: list[float], numel: int, dtype_name: str, floor: float, rule:
     dtype's DISPATCH_SCALED_THRESHOLD (rule "scaled" or "both"; only for float tensor leaves with
     a scaled figure: `scaled_applies` is False for Python scalars, and figure vectors of
     FIGURE_COUNT entries have none). For the documented rule a one-element leaf has no cosine
-    (spec: "tensor is scalar") and is judged as if its cosine were the sign agreement (+1 / -1),
+    (msprobe: "tensor is scalar") and is judged as if its cosine were the sign agreement (+1 / -1),
     and a side that is all zero while the other is not (cosine undefined) fails.
     """
     count = figures[FINITE_COUNT]
@@ -390,7 +390,7 @@ def judge(figures: list[float], numel: int, dtype_name: str, floor: float, rule:
 
 
 def format_figure(value: float | str) -> str:
-    """12-decimal rendering of Cosine / MaxAbsErr / MaxRelativeErr (spec §6.1); words verbatim."""
+    """12-decimal rendering of Cosine / MaxAbsErr / MaxRelativeErr (as documented); words verbatim."""
     if isinstance(value, str):
         return value
     if math.isnan(value):

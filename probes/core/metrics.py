@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 # Outputs bigger than this are reduced chunk by chunk, so the temporaries of the metric never
-# cost more than a chunk (the reference kept only the last chunk's verdict: B1; we keep the max).
+# cost more than a chunk (the reference kept only the last chunk's verdict; we keep the max).
 # 2^18 elements (1 MiB in float32) keeps the probe's peak memory small next to a model's
 # activations while the per-chunk Python overhead stays negligible.
 CHUNK_ELEMENTS = 1 << 18
@@ -48,7 +48,7 @@ def ratio_reductions(xp: Any, a: Any, b: Any, tol: float) -> Any:
 
 
 def combine_ratio_parts(xp: Any, parts: list[Any]) -> Any:
-    """[max r, min r, min a*b] over all chunks: every chunk counts (B1)."""
+    """[max r, min r, min a*b] over all chunks: every chunk counts, not only the last."""
     if len(parts) == 1:
         return parts[0]
     stacked = xp.stack(parts)
@@ -59,7 +59,8 @@ def nonfinite_ratio_reductions(xp: Any, a: Any, b: Any, tol: float) -> Any:
     """Device array [max r, min r, min a*b, nan mismatches, inf mismatches] over finite pairs.
 
     Elements that are non-finite on either side are consistent only when both sides hold the
-    same value (the same infinity, or NaN and NaN); otherwise they are counted, never masked (B2).
+    same value (the same infinity, or NaN and NaN); otherwise they are counted, never masked (the reference
+    mapped NaN ratios to 1, so a NaN on one side only went unreported).
     """
     fin = xp.isfinite(a) & xp.isfinite(b)
     one = xp.ones_like(a)
@@ -73,7 +74,8 @@ def nonfinite_ratio_reductions(xp: Any, a: Any, b: Any, tol: float) -> Any:
 
 @dataclass(frozen=True)
 class RatioVerdict:
-    """The ratio rule's outcome for one output leaf (spec §4.1, with B1/B2/B5 fixed)."""
+    """The ratio rule's outcome for one output leaf (msprobe's, but every chunk counts and NaN/inf
+    mismatches are reported)."""
 
     ratio: float
     symbol_flipping: bool = False
@@ -122,7 +124,8 @@ def finish_ratio(reductions: list[float], tol: float) -> RatioVerdict:
 
 @dataclass(frozen=True)
 class SingleBenchmarkVerdict:
-    """The to_cpu rule's figures for one output leaf (spec §4.2, B6/B7 fixed)."""
+    """The to_cpu rule's figures for one output leaf (msprobe's, but the real output is never
+    written and the error balance fails both ways, not only when positive)."""
 
     abs_err: float
     rel_err: float
@@ -162,7 +165,7 @@ def single_benchmark_reductions(xp: Any, actual: Any, golden: Any, small_value: 
     """Device array [abs_err, rel_err, error_balance, nonfinite mismatches], float64 inputs.
 
     Works on values only (never writes into `actual`: the reference overwrote inf/NaN in the
-    user's real output with 1, B6). Non-finite elements are compared by identity and left out of
+    user's real output with 1). Non-finite elements are compared by identity and left out of
     the error figures.
     """
     fin = xp.isfinite(actual) & xp.isfinite(golden)

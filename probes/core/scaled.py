@@ -34,7 +34,7 @@ Here every element's error is divided by max(|reference|, row scale):
 The result of a correctly rounded kernel is at most half an ulp (eps/2) by this measure, so
 thresholds read naturally in ulps of the output dtype (probes/core/thresholds.py). Non-finite
 elements are matched by identity (the same infinity, NaN against NaN) and counted otherwise,
-never masked (B2).
+never masked (msprobe's ratio rule counted NaN as agreeing, so a new NaN went unreported).
 """
 
 from __future__ import annotations

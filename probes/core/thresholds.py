@@ -11,7 +11,7 @@ from dataclasses import dataclass
 HALF_DTYPES = ("float16", "bfloat16")
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
-# free_benchmark: the noise value v per dtype (spec §3). It is also the minimum-magnitude gate of
+# free_benchmark: the noise value v per dtype (msprobe's). It is also the minimum-magnitude gate of
 # add_noise/bit_noise and, as sqrt(v), the clamp floor of the ratio metric in the forward stage.
 NOISE_VALUE = {"bfloat16": 1e-4, "float16": 1e-6, "float32": 1e-8, "float64": 1e-16}
 NOISE_VALUE_DEFAULT = 1e-8
@@ -27,7 +27,7 @@ SMALLEST_NORMAL = {
 # Width of the signed integer that shares a dtype's bits (for bit views).
 BIT_VIEW_INT = {"bfloat16": "int16", "float16": "int16", "float32": "int32", "float64": "int64"}
 
-# The ratio rule (spec §4.1): an output is consistent when 1/T <= ratio <= T.
+# msprobe's ratio rule: an output is consistent when 1/T <= ratio <= T.
 # The documented "relative error thresholds" are T - 1: bf16 0.004, fp16 0.002, fp32/fp64 0.0002.
 RATIO_THRESHOLD = {"bfloat16": 1.004, "float16": 1.002, "float32": 1.0002, "float64": 1.0002}
 RATIO_THRESHOLD_DEFAULT = 1.0002
@@ -51,7 +51,7 @@ def forward_tolerance(dtype_name: str) -> float:
 
 @dataclass(frozen=True)
 class SingleBenchmarkThreshold:
-    """The to_cpu ("single benchmark") rule's limits for one dtype (spec §4.2)."""
+    """The to_cpu ("single benchmark") rule's limits for one dtype (msprobe's)."""
 
     rtol: float
     small_value: float

@@ -1,7 +1,7 @@
 """Files on disk: buffered CSV writers and atomic JSON summaries.
 
 Rows are buffered in memory and appended on flush (the reference opened and closed the file for
-every row, B32); the tools flush at least once per step so a crash loses at most one step.
+every row); the tools flush at least once per step so a crash loses at most one step.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""free_benchmark's backward stage, written once for every framework (spec §5, B10-B13, B22, B34).
+"""free_benchmark's backward stage, written once for every framework.
+
+msprobe 8.3.3 compared a tensor's accumulated gradient with stale recomputations through hooks it
+never removed, kept host copies of records whose backward never ran, and on MindSpore used ones as
+the cotangent; this module fixes all of that, as described below.
 
 At a selected call: run the original (its output object is returned unchanged), keep the inputs
 (on their device, detached, shared storage) and ask the backend's autodiff for a one-shot callback
@@ -11,10 +15,10 @@ with hooks suspended and the forward's random state replayed:
 and the two are compared leaf by leaf with the ratio rule at the backward clamp floor (1e-3),
 one row per inconsistent gradient, `output_index` = its position among the differentiable inputs.
 Both sides are recomputed from the same call with the same cotangent, so a gradient accumulated
-over several consumers (B11) or a stale recomputation of another step (B10) is never compared.
+over several consumers or a stale recomputation of another step is never compared.
 
 Nothing outlives the graph or the step: the callback and what it keeps belong to hooks inside the
-outputs' autograd graph (they die with it when backward never runs, B13), the callback drops its
+outputs' autograd graph (they die with it when backward never runs), the callback drops its
 inputs when it fires, and at the end of each step every call still waiting is released and its
 hooks removed. The only record of waiting calls is a weak set.
 """

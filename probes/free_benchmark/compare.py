@@ -1,8 +1,10 @@
 """Judging a perturbed output against the original, leaf by leaf.
 
-Every leaf of the output structure counts (tuples, lists, dicts, named tuples; B31): floating
+Every leaf of the output structure counts (tuples, lists, dicts, named tuples; msprobe skipped
+dicts and nested containers): floating
 tensors by the ratio rule (or the single-benchmark rule for to_cpu), integer and bool tensors
-exactly (B16), Python numbers by the tensor rule on their values (B37). The figures of all leaves
+exactly (a float ratio on indices turns any change into a huge error), Python numbers by the tensor
+rule on their values (msprobe's isclose could give a negative max_rel). The figures of all leaves
 are gathered on the device and copied to the host in one transfer.
 
 A comparison is a generator (`comparison`): it computes its device figures, yields them, and

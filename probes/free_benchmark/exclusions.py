@@ -1,4 +1,4 @@
-"""Which APIs free_benchmark must never re-run, and why (spec B15 and Appendix B).
+"""Which APIs free_benchmark must never re-run, and why (msprobe re-ran all of them).
 
 Framework-free: rules on API names. Re-running these would change the user's model (in-place
 updates applied twice, optimizer steps, collectives issued again) or compare noise with noise

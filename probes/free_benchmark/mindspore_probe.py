@@ -1,8 +1,10 @@
 """free_benchmark on MindSpore (PyNative): the generic probe wired to MindSpore's whitelist.
 
 Same config keys, per-call path, perturbations, comparison and output files as PyTorch
-(probes.free_benchmark.service): one CSV per step and rank with the `pert_mode` header (B21), the
-symmetric, NaN-aware ratio rule (B2, B3), validated `list` names (B23). Only what is MindSpore's
+(probes.free_benchmark.service): one CSV per step and rank with the `pert_mode` header (the
+reference's MindSpore front-end wrote one `pert_type` CSV for all steps and ranks), the
+symmetric, NaN-aware ratio rule (its one-sided masks missed values going to or from ~0, and one NaN
+hid a whole tensor), validated `list` names (it dropped unknown names silently). Only what is MindSpore's
 own lives here:
 
 * `list` holds full dotted names (`mindspore.ops.add`, `mindspore.Tensor.__add__`,

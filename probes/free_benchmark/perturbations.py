@@ -2,7 +2,7 @@
 
 Each mode turns (args, kwargs) into the inputs of the second call, or says why it cannot. Inputs
 are never modified: a perturbed tensor is always a new tensor, and containers on the path to it
-are rebuilt (their types kept; the reference's MindSpore add_noise turned tuples into lists, B24).
+are rebuilt (their types kept; the reference's MindSpore add_noise turned tuples into lists).
 Only host-known facts (dtype, shape) decide whether a mode applies: value-dependent gates are
 applied element-wise on the device, so no mode forces a device-to-host copy.
 
@@ -38,7 +38,7 @@ class PerturbedCall:
 
 @dataclass
 class Cancelled:
-    """The mode cannot perturb this call; nothing is re-run (B27)."""
+    """The mode cannot perturb this call; nothing is re-run (msprobe's PyTorch side re-ran it anyway)."""
 
     reason: str
 
@@ -51,7 +51,8 @@ def _no_inplace(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 
 def _float_leaves(backend: Any, args: tuple, kwargs: dict):
-    """(where, path, tensor) for every floating tensor, positional args first, then kwargs (B28)."""
+    """(where, path, tensor) for every floating tensor, positional args first, then kwargs
+    (msprobe searched positional args only)."""
     for path, leaf in iter_leaves(args):
         if backend.is_tensor(leaf) and backend.is_float(leaf):
             yield "args", path, leaf
@@ -159,7 +160,7 @@ class ImprovePrecision(Perturbation):
 
 
 class AddNoise(Perturbation):
-    """ulp style (default, B4 fixed): every finite element with |x| > sqrt(v) moves one unit in
+    """ulp style (default): every finite element with |x| > sqrt(v) moves one unit in
     the last place away from zero, in its own dtype, so the perturbation is real for every
     magnitude (the reference's x + v rounds away for most values). On the signed-integer view
     of a float, +1 is exactly "one ulp larger in magnitude", for either sign.
@@ -191,7 +192,7 @@ class AddNoise(Perturbation):
 
 class BitNoise(Perturbation):
     """Flip the lowest mantissa bit of every finite normal element (±1 ulp). Infinities stay
-    infinite (the reference turned them into NaN, B5)."""
+    infinite (the reference turned them into NaN)."""
 
     mode = "bit_noise"
 

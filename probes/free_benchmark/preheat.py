@@ -1,4 +1,4 @@
-"""free_benchmark's preheat: a ratio threshold learned per API and dtype against the CPU (spec §4.5).
+"""free_benchmark's preheat: a ratio threshold learned per API and dtype against the CPU.
 
 Why: one perturbation can move some well-conditioned outputs by more than the dtype's fixed
 threshold (a bf16 ulp is 0.4-0.8 %, above bf16's 0.4 %), and a user who trusts the CPU wants no
@@ -6,7 +6,8 @@ alarm for those. Preheat asks the CPU which ratios are normal for each API and w
 the threshold accordingly. It is a heuristic (the reference's doubling/halving rule), kept in one
 place here; the probe only reports calls, samples and verdicts to it.
 
-Per API (B9 fixed):
+Per API (msprobe counted calls in step 0 only, so a run without step 0 never sampled; it sampled
+P - 1 steps, and one frozen dtype blocked the adjustment of the others):
 
 * census step = the first step in which the API is called, whatever its number (step filters,
   a run that starts mid-way): its calls are counted (B), nothing is compared;
@@ -50,7 +51,7 @@ class DtypeState:
     pending: list[tuple[float, bool]] = field(default_factory=list)  # (ratio, cpu_ok) of this step
 
     def adjust(self, step: int) -> None:
-        """The step's adjustment rule (spec §4.5, plus HEADROOM)."""
+        """The step's adjustment rule (msprobe's doubling/halving, plus HEADROOM)."""
         pending, self.pending = self.pending, []
         if self.frozen or not pending:
             return

@@ -71,18 +71,21 @@ class ApiStats:
     first_flagged: str | None = None
     dtypes: set[str] = field(default_factory=set)
     preheat_flagged: int = 0  # calls with rows during preheat (kept out of the CSV and `flagged`)
+    # the largest error / threshold of any checked call, flagged or not (1 = at the threshold):
+    # how close a clean API came
+    worst_score: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "calls": self.calls, "checked": self.checked, "flagged": self.flagged, "fixed": self.fixed,
-            "worst_max_rel": self.worst_max_rel, "threshold": self.threshold,
+            "worst_max_rel": self.worst_max_rel, "threshold": self.threshold, "worst_score": self.worst_score,
             "first_flagged": self.first_flagged, "dtypes": sorted(self.dtypes),
             "preheat_flagged": self.preheat_flagged,
         }
 
 
 class Selection:
-    """The scope/list filter of spec §2.1: scope = exact full names, list = substrings of them."""
+    """msprobe's scope/list filter: scope = exact full names, list = substrings of them."""
 
     def __init__(self, scope: tuple[str, ...], api_list: tuple[str, ...], stage: str = "forward") -> None:
         self.suffix = "." + stage  # names are {key}.{index}.{stage}
@@ -197,7 +200,8 @@ class FreeBenchmarkProbe:
 
     # lifecycle -----------------------------------------------------------------------------
     def refresh(self) -> None:
-        """Recompute whether calls are probed now (step and rank filters, spec §2.1 minus B25)."""
+        """Recompute whether calls are probed now (step and rank filters; a rank filter
+        applies to rank 0 in a single process, where msprobe's PyTorch side disabled everything)."""
         if self.rank is None or not self.distributed:  # a process group may start after the probe
             self.rank = self.backend.rank()
             self.distributed = self.backend.is_distributed()
@@ -257,7 +261,7 @@ class FreeBenchmarkProbe:
         sampled = False
         if self.preheat is not None:
             phase, sampled = self.preheat.on_call(key, self.current_step)
-            if phase == CENSUS:  # the call census: counted, not compared (spec §4.5)
+            if phase == CENSUS:  # the call census: counted, not compared (see preheat.py)
                 self._dirty = True
                 return original(*args, **kwargs)
         snapshot = self.backend.rng_snapshot(args)
@@ -361,7 +365,7 @@ class FreeBenchmarkProbe:
         b = self.backend
         return b.scaled_figures(moved, original, th.machine_eps(b.dtype_name(original)))
 
-    # preheat (spec §4.5) ----------------------------------------------------------------------
+    # preheat (see preheat.py) ------------------------------------------------------------------
     def _preheat_sample(self, meta, name, original, args, kwargs, out, snapshot, verdicts) -> None:
         """Run the call on the CPU (inputs copied there, half types as float32) and give every
         ratio leaf's figure to the preheat with the CPU rule's verdict for that leaf. A failed
@@ -406,6 +410,8 @@ class FreeBenchmarkProbe:
         stats.checked += 1
         self._dirty = True
         self.last_score = max((_score(v) for v in verdicts), default=0.0)
+        if verdicts and not preheat and (stats.worst_score is None or self.last_score > stats.worst_score):
+            stats.worst_score = self.last_score
         bad = [v for v in verdicts if not v.consistent]
         for v in verdicts:
             stats.dtypes.add(v.dtype_repr)
@@ -452,7 +458,7 @@ class FreeBenchmarkProbe:
     def _fix(self, out: Any, pert_out: Any) -> None:
         """Substitute the upcast result in the user's output tensors (their autograd graph is
         kept). Every replacement is computed before any is assigned, so a failure leaves the
-        output whole (B18)."""
+        output whole (msprobe's fix left it half-modified)."""
         b = self.backend
         pairs = []
         pert_leaves = dict(iter_leaves(pert_out))

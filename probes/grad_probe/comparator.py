@@ -1,8 +1,9 @@
-"""GradComparator: run-vs-run gradient direction similarity (spec grad_probe §4), numpy only.
+"""GradComparator: run-vs-run gradient direction similarity (msprobe's GradComparator), numpy only.
 
 Reads what grad_probe dumps (``{dump}/rank{R}/grad_summary_{N}.csv``, ``rank{R}/step{N}/{param}.npy``)
 and writes msprobe's outputs (``similarities.csv`` with BOM + CRLF, ``similarities_picture/*.png``)
-plus a ``summary.json``. Differences from msprobe 8.3.3 (B-G9):
+plus a ``summary.json``. Differences from msprobe 8.3.3 (whose comparator took the parameter
+order from an arbitrary CSV and aborted the whole run on one missing file or shape mismatch):
 
 * Parameter order is deterministic: the ``param_name`` (or ``Param_name``) column of the lowest
   numbered common step's CSV, read as strings (``"0"`` stays ``"0"``); parameters found only in

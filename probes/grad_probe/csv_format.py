@@ -1,4 +1,4 @@
-"""The on-disk formats of grad_probe, byte-compatible with msprobe 8.3.3 (spec §3.1–§3.5).
+"""The on-disk formats of grad_probe, byte-compatible with msprobe 8.3.3.
 
 * ``rank{R}/grad_summary_{N}.csv``: UTF-8 with BOM, CRLF line ends, ``csv.writer``'s minimal
   quoting, cells rendered with ``str()`` (Python float repr: ``0.0``, ``nan``, ``inf``; shapes as
@@ -40,7 +40,7 @@ _SAFE = re.compile(r"[A-Za-z0-9_.\-]")
 def interval_headers(bounds: Sequence[Bound]) -> list[str]:
     """``(-inf, b0]``, ``(b0, b1]``, …, ``(b(n-1), inf)`` with ``str()`` of each bound as given."""
     if not bounds:
-        raise ValueError("bounds must not be empty (B-G1)")
+        raise ValueError("bounds must not be empty")
     text = [str(b) for b in bounds]
     heads = [f"(-inf, {text[0]}]"]
     heads += [f"({lo}, {hi}]" for lo, hi in zip(text, text[1:])]
@@ -49,7 +49,7 @@ def interval_headers(bounds: Sequence[Bound]) -> list[str]:
 
 
 def header(level: str, bounds: Sequence[Bound]) -> list[str]:
-    """The header row of grad_summary_{N}.csv for ``level`` (spec §3.1)."""
+    """The header row of grad_summary_{N}.csv for ``level`` (msprobe's: MD5 only at L0)."""
     if level == "L0":
         return ["param_name", "MD5", "max", "min", "norm", "shape"]
     if level == "L1":

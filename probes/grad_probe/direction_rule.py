@@ -1,4 +1,4 @@
-"""THE gradient-direction rule (spec grad_probe §4.3), written once.
+"""THE gradient-direction rule (msprobe's documented reading of ``similarities.csv``), written once.
 
 msprobe's docs give an empirical reading of ``similarities.csv``: for any parameter (and the
 per-step summary), a similarity below 0.97 at the first compared step, or a decrease of more than

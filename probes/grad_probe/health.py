@@ -48,7 +48,7 @@ def nonfinite_gradients(dump_path: str | Path) -> list[NonFiniteGradient]:
             continue
         for row in read_csv_rows(csv_path):
             if _empty(row.get("shape", "")):
-                continue  # an empty gradient's statistics are NaN by definition (B-G6)
+                continue  # an empty gradient's statistics are NaN by definition, not a finding
             bad = {k: row[k] for k in FIGURES if k in row and not _finite(row[k])}
             if bad:
                 found.append(NonFiniteGradient(row.get("param_name", "?"), int(m.group(1)), bad, str(csv_path)))

@@ -14,15 +14,16 @@ header, BOM, CRLF), plus ``rank{R}/summary.json``, so
 :class:`~probes.grad_probe.comparator.GradComparator` compares a MindSpore run with a PyTorch run
 of the same model, and a PyNative run with a graph run.
 
-Differences from msprobe 8.3.3 (spec grad_probe_online_dispatch.md §2.2, §3, §7 B-G5, B-G6, B-G8):
+Differences from msprobe 8.3.3:
 
 * Graph mode writes the PyNative files (the reference's graph-mode path writes a different header
   spelling and depends on ``TensorDump`` file naming of MindSpore <= 2.4), with the step and rank
   filters and the L0 checksum.
 * Each step's CSV is written atomically and replaces an existing one (the reference appends a second
-  header + rows block, B-G8). Parameter names with characters outside ``[A-Za-z0-9_.-]`` are
-  percent-encoded in file names (the reference raises at L1/L2, B-G8).
-* Statistics in float64 (B-G5); an empty gradient gives a NaN row (B-G6).
+  header + rows block when a dump_path is reused). Parameter names with characters outside
+  ``[A-Za-z0-9_.-]`` are percent-encoded in file names (the reference raises at L1/L2).
+* Statistics in float64 (the reference used the gradient's dtype and rounded to float32); an empty
+  gradient gives a NaN row (the reference raised inside the hook).
 * On the CPU target the statistics, the direction (``g > 0``) and the L0 checksum of float16/32/64
   gradients are computed with NumPy on a view of the gradient (``asnumpy()``, no copy: the
   tensor's memory is host memory): the same :func:`stats.stat_vector` formula, no MindSpore

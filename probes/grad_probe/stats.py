@@ -6,9 +6,9 @@ float64 device vector per gradient; a caller stacks the vectors of every paramet
 pays one host transfer for the whole step (:func:`split_stats` turns a host row back into
 figures). Only the "MD5" column (L0) needs the gradient's bytes on the host (:func:`crc32_hex`).
 
-Definitions (spec grad_probe_online_dispatch.md §3.2) with the fixes of §7:
+Definitions are msprobe 8.3.3's, with its precision and empty-gradient defects fixed:
 
-* max / min / norm (Frobenius) and the histogram are computed in float64 (B-G5); the reference
+* max / min / norm (Frobenius) and the histogram are computed in float64; the reference
   computes them in the gradient's dtype and rounds to float32 (its norm of ``[[0.5, -0.25],
   [0.0, 2.0]]`` is 2.076655864715576, ours is sqrt(4.3125) = 2.0766559657295187; max and min of
   float32/float16/bfloat16 gradients are exact in both). The norm is sqrt(sum x**2) in float64
@@ -18,7 +18,8 @@ Definitions (spec grad_probe_online_dispatch.md §3.2) with the fixes of §7:
   to float32); ``-inf`` falls in the first interval, ``+inf`` and NaN in the last, as in the
   reference. Each fraction is count / numel. ``=0`` is the fraction of elements equal to 0 (also
   counted in the interval holding 0).
-* an empty gradient (numel 0) gives NaN max/min/norm and 0.0 fractions instead of raising (B-G6).
+* an empty gradient (numel 0) gives NaN max/min/norm and 0.0 fractions instead of raising (the
+  reference raised inside the optimizer hook).
 
 Vector layout: ``[max, min, norm, frac_0 … frac_n, eq0]`` (fractions and eq0 only when
 ``histogram`` is true, i.e. at L2). This module imports no deep-learning framework.
@@ -161,7 +162,7 @@ def split_stats(
 def crc32_hex(values: Any) -> str:
     """The reference's "MD5" column: CRC-32 of the float32 little-endian C-order bytes, 8 hex digits.
 
-    It is not an MD5 (B-G2: the column name is kept for file compatibility); float64 gradients are
+    It is not an MD5 (the misleading column name is kept for file compatibility); float64 gradients are
     rounded to float32 first, as in the reference, so distinct float64 gradients can share a value.
     ``values`` is anything numpy can turn into an array (a host copy of the gradient).
     """

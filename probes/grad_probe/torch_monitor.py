@@ -4,9 +4,10 @@
 ``{dump_path}/rank{R}/grad_summary_{N}.csv`` (and at L1/L2 ``rank{R}/step{N}/{param}.npy``) in the
 reference's format (see :mod:`probes.grad_probe.csv_format`), plus ``rank{R}/summary.json``.
 
-Differences from msprobe 8.3.3 (spec grad_probe_online_dispatch.md §2.1, §7):
+Differences from msprobe 8.3.3:
 
-* B-G3: only the model's own optimizers are hooked. With ``optimizers=`` given, each gets an
+* Only the model's own optimizers are hooked (the reference hooked every optimizer of the process,
+  for good, so other optimizers and repeated ``monitor()`` calls advanced its step). With ``optimizers=`` given, each gets an
   ``optimizer.register_step_pre_hook``; otherwise one global step pre-hook is installed whose
   handler ignores every optimizer holding none of the monitored parameters. Steps are counted per
   optimizer. **Step number with several optimizers:** the monitor's step N is the number of
@@ -16,11 +17,13 @@ Differences from msprobe 8.3.3 (spec grad_probe_online_dispatch.md §2.1, §7):
   layer gives steps 0, 1, 2 … once per iteration, not once per optimizer. Calling ``monitor()``
   again adds parameters/optimizers without adding hooks; :meth:`GradMonitor.stop` removes every
   hook handle.
-* B-G4: the rank is resolved at the first hook call, not at ``monitor()`` time. The rank filter
+* The rank is resolved at the first hook call, not at ``monitor()`` time (where, before
+  ``init_process_group``, every rank wrote ``rank0``). The rank filter
   applies whether or not a process group exists (rank 0 without one), as for free_benchmark.
-* B-G5/B-G6: statistics in float64 on the gradient's device, one host transfer per device per
-  step; empty gradients give a row of NaN statistics instead of an exception.
-* B-G11: a parameter whose gradient is None is logged once (not every step); it has no CSV row
+* Statistics in float64 on the gradient's device (not in the gradient's dtype rounded to float32),
+  one host transfer per device per step; empty gradients give a row of NaN statistics instead of
+  an exception.
+* A parameter whose gradient is None is logged once (not every step); it has no CSV row
   and is listed per step in ``summary.json`` ``params_without_grad``.
 * ``param_list`` names matching no parameter raise ConfigError with close matches (the reference
   ignores them silently).

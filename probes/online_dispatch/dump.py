@@ -1,7 +1,8 @@
-""".npy dumps of one op call, with the reference's file names (spec §5.6).
+""".npy dumps of one op call, with the reference's file names.
 
 * inputs -> ``npu/{op}_{idx}_input.{i}[.{j}].npy`` (kwargs: ``{op}_{idx}_input_{key}``): the values the
-  op received, taken before anything ran (B-O7), in the device dtype (bf16 / fp8 as float32,
+  op received, taken before anything ran (the reference dumped in-place ops' inputs after the
+  CPU run had mutated them), in the device dtype (bf16 / fp8 as float32,
   which numpy can hold; the reference copies are exact upcasts, so nothing is lost);
 * outputs -> ``npu/{op}_{idx}_output[.{i}].npy`` (device result) and ``cpu/…`` (reference result).
 

@@ -186,7 +186,7 @@ class OnlineDispatchMode(TorchDispatchMode):
     # context --------------------------------------------------------------------------------------
     def __enter__(self) -> OnlineDispatchMode:
         if self.results is None:
-            rank = BACKEND.rank()  # global rank, looked up when the run starts (B-O12)
+            rank = BACKEND.rank()  # global rank, looked up when the run starts (not msprobe's local device index)
             run_dir, ts = create_run_dir(self.options.dump_path, rank, self.options.tag)
             self.results = RunResults(run_dir, run_dir / f"compare_result_rank{rank}_{ts}.csv", rank,
                                       self.options.as_dict())

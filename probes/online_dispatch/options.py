@@ -1,4 +1,5 @@
-"""PtdbgDispatch's arguments, validated before anything is created (spec §5.1 with B-O9 fixed).
+"""PtdbgDispatch's arguments, validated before anything is created (msprobe rejected a
+too-large ``process_num`` only after creating the run directory).
 
 Every invalid argument is a ConfigError naming it, the value and what is allowed.
 """

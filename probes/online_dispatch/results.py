@@ -1,10 +1,10 @@
 """Rows, the compare_result CSV, summary.json and the one log line per failing op.
 
-The CSV keeps the 18 documented columns in their order (spec §6.1) and appends the §6.2
-single-benchmark figures, the noise floor, the rule that failed the leaf (``FailedRule``:
+The CSV keeps msprobe's 18 documented columns in their order and appends the single-benchmark
+figures (what msprobe 8.3.3 actually computed), the noise floor, the rule that failed the leaf (``FailedRule``:
 "reference", "scaled", "both" or empty) and the scaled figure in ulps of the device dtype
 (``Scaled Error (ulp)``, on every float tensor output row) as extra columns, new ones always
-last; it uses the project's CSV conventions (spec §3.5: UTF-8 with BOM, CRLF, ``csv.writer``'s
+last; it uses the project's CSV conventions (as grad_probe's: UTF-8 with BOM, CRLF, ``csv.writer``'s
 minimal quoting, ``str()`` numbers), while Cosine / MaxAbsErr / MaxRelativeErr keep the
 documented 12-decimal rendering.
 """
@@ -76,7 +76,7 @@ def _ulps(v: Any) -> Any:
 
 
 def input_row(name: str, npu_dtype: str, bench_dtype: str, shape: str, stats: tuple[float, float, float]) -> Row:
-    """An input leaf, compared with itself (spec §6.1: Cosine 1, errors 0, Yes)."""
+    """An input leaf, compared with itself (as documented: Cosine 1, errors 0, Yes)."""
     return Row(name, npu_dtype, bench_dtype, shape, shape, stats, stats, 1.0, 0.0, 0.0, "Yes")
 
 

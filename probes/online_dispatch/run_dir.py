@@ -1,7 +1,7 @@
 """The run directory ``msprobe[_{tag}]_rank{R}_{timestamp}`` with its ``cpu/`` and ``npu/`` folders.
 
 The timestamp is ``YYYYmmddHHMMSS`` plus three millisecond digits (the reference meant that but
-produced a 13-digit truncation, B-O8). Directories are claimed with an exclusive ``mkdir``; when
+produced a 13-digit truncation: ``time.strftime`` has no ``%f``). Directories are claimed with an exclusive ``mkdir``; when
 the name is taken (two contexts in the same millisecond, or another process), the next
 millisecond is tried, so every context gets its own directory and file names without sleeping.
 """

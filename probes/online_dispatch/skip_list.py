@@ -7,7 +7,8 @@ on the CPU at all (collectives). The decision depends on the op overload only, s
 computes it once per overload and caches it; the reasons are the keys of summary.json's
 ``skipped`` counts.
 
-The reference (msprobe 8.3.3, spec §5.3) kept a fixed name list with gaps (B-O11); here the
+The reference (msprobe 8.3.3) kept a fixed name list with gaps (``empty_like``, ``normal_``,
+``native_dropout``, void ops such as ``_foreach_add_`` ... were re-run and compared); here the
 categories come from the op's schema where possible (no tensor argument, a Generator argument,
 the ``nondeterministic_seeded`` tag, view aliasing), and the name lists below cover the rest.
 """

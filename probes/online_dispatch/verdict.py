@@ -1,6 +1,7 @@
 """From one op's device result and reference result to CSV rows, with one host transfer.
 
-`collect` walks both results in parallel (tensors, tuples, lists, None, Python scalars: B-O3)
+`collect` walks both results in parallel (tensors, tuples, lists, None, Python scalars;
+msprobe raised into the user's code on tuple, list and None outputs)
 and pairs every output leaf with its reference; for an op that returns nothing but writes into
 its arguments (``_foreach_add_``) the written arguments are the outputs. `figures` runs the
 core formulas (probes.core.dispatch_metrics: the documented rule's figures and the scaled
@@ -252,8 +253,8 @@ def rows(cmp: OpComparison, out_figs: list[list[float]], all_details: bool = Fal
 
     A leaf is first judged without the floor; only a leaf that fails needs the noise floor,
     so only then are the magnitudes measured (its own two sides and the op's inputs: the floor's
-    scale). The same evidence pass fills MaxRelativeErr, max / min / mean and the §6.2
-    single-benchmark columns of those leaves (of every leaf when `all_details`, i.e. debug=True)
+    scale). The same evidence pass fills MaxRelativeErr, max / min / mean and the
+    single-benchmark columns (msprobe 8.3.3's actual figures) of those leaves (of every leaf when `all_details`, i.e. debug=True)
     and the statistics of the input rows: a clean op pays for none of it.
     """
     biggest = max([leaf.numel for leaf in cmp.inputs if leaf.is_float and leaf.tensor] + [1])
@@ -314,7 +315,7 @@ _EVIDENCE_WIDTH = 2 * dm.STAT_COUNT + 1 + dm.SB_COUNT
 
 
 def _evidence(cmp: OpComparison, leaves: list[OutputLeaf]) -> dict[int, list[float]]:
-    """Per leaf: device stats, reference stats, MaxRelativeErr, §6.2 figures; one host transfer."""
+    """Per leaf: device stats, reference stats, MaxRelativeErr, single-benchmark figures; one host transfer."""
     xp = BACKEND.namespace(None)
     with torch.no_grad():
         arrays = []

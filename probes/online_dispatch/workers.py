@@ -17,7 +17,8 @@ thread, by the mode's `finish(job, result)`; only the mode writes files.
 
 At most `window` ops are in flight; beyond that the user's thread waits for the oldest, which
 bounds the memory held by pending ops (their tensors stay alive until judged, for the dumps).
-The reference let every worker append to the CSV and a JSON file without a working lock (B-O9).
+The reference let every worker append to the CSV and a JSON file without a working lock; here
+only the parent writes.
 """
 
 from __future__ import annotations

@@ -40,6 +40,54 @@ class ApiCase:
         return f"{self.api.rsplit('.', 1)[-1]}-{self.dtype}-{self.pert_mode}"
 
 
+class ApiFlagged(AssertionError):
+    """A flagged example of a per-API check, with its inputs described (shape, dtype, values), so
+    the report and the failure show what the API got without a traceback through Hypothesis."""
+
+    def __init__(self, message: str, inputs: list[dict[str, Any]]) -> None:
+        super().__init__(message)
+        self.inputs = inputs
+
+
+#: values shown per input tensor (the smallest failing input after shrinking is usually tiny)
+VALUES_SHOWN = 12
+
+
+def describe_inputs(args: tuple, kwargs: dict[str, Any]) -> list[dict[str, Any]]:
+    """One entry per argument: where it is, and its shape, dtype and first values for a tensor."""
+    out = []
+    for where, value in [*((f"args[{i}]", a) for i, a in enumerate(args)), *kwargs.items()]:
+        if hasattr(value, "shape") and hasattr(value, "dtype"):
+            flat = value.detach().reshape(-1)[:VALUES_SHOWN].to("cpu")
+            values = ", ".join(f"{float(v):.6g}" for v in flat.float().tolist())
+            more = f", \u2026 ({value.numel()} values)" if value.numel() > VALUES_SHOWN else ""
+            out.append({"arg": where, "shape": list(value.shape), "dtype": str(value.dtype).replace("torch.", ""),
+                        "values": f"[{values}{more}]"})
+        else:
+            out.append({"arg": where, "value": repr(value)[:200]})
+    return out
+
+
+def inputs_lines(inputs: list[dict[str, Any]]) -> list[str]:
+    return [f"{i['arg']}: {i['dtype']} {tuple(i['shape'])} {i['values']}" if "shape" in i else f"{i['arg']}: {i['value']}"
+            for i in inputs]
+
+
+def failure_text(exc: BaseException, nodeid: str) -> str:
+    """The one-screen failure of a flagged per-API check: the verdict, the minimal inputs, how
+    Hypothesis replays it, and the command that reruns it."""
+    import shlex
+
+    lines = [str(exc).splitlines()[0]]
+    inputs = getattr(exc, "inputs", None)
+    if inputs:
+        lines += ["minimal failing inputs:"] + ["  " + line for line in inputs_lines(inputs)]
+    notes = [n for n in getattr(exc, "__notes__", []) if not n.startswith("Highest target score")]
+    lines += [n for n in notes if n.strip()]
+    lines.append(f"rerun: pytest {shlex.quote(nodeid)}")
+    return "\n".join(lines)
+
+
 def default_mode(dtype: str) -> str:
     """improve_precision where there is something to upcast; one-ulp noise for fp32/fp64."""
     return "improve_precision" if dtype in _LOW else "add_noise"
@@ -154,9 +202,10 @@ def run_case(case: ApiCase, options: Any, nodeid: str, dump_path: Any) -> None:
         if rows:
             row = rows[0]
             both = rule_figures(row.detail)
-            raise AssertionError(
+            raise ApiFlagged(
                 f"{row.api_name} ({case.dtype}, {case.pert_mode}): max_rel {row.max_rel} > threshold "
-                f"{row.threshold} at output {row.output_index or 0} (shape {row.shape})" + (f"; {both}" if both else ""))
+                f"{row.threshold} at output {row.output_index or 0} (shape {row.shape})" + (f"; {both}" if both else ""),
+                describe_inputs(args, kwargs))
         if dispatch is not None:  # the same inputs, every aten op against the CPU reference
             failed = len(dispatch.results.failed_ops) if dispatch.results is not None else 0
             with suspended(), dispatch:
@@ -164,10 +213,10 @@ def run_case(case: ApiCase, options: Any, nodeid: str, dump_path: Any) -> None:
             new = dispatch.results.failed_ops[failed:]
             if new:
                 leaf = new[0].leaves[0] if new[0].leaves else {}
-                raise AssertionError(
+                raise ApiFlagged(
                     f"online_dispatch: {new[0].name} ({new[0].op}, {case.dtype}) disagrees with the CPU reference: "
                     f"Cosine {leaf.get('cosine')}, MaxAbsErr {leaf.get('max_abs_err')} "
-                    f"(evidence: {dispatch.results.csv_path})")
+                    f"(evidence: {dispatch.results.csv_path})", describe_inputs(args, kwargs))
 
     debugger.start()
     try:

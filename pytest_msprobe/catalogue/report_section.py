@@ -23,6 +23,8 @@ cursor:pointer;font-size:12px;color:#24497a}
 """ + "".join(f"#catsort-{key}:checked~label[for=catsort-{key}]{{background:#24497a;color:#fff}}"
               f"#catsort-{key}:checked~.views .by-{key}{{display:block}}" for _, key in ORDERS) + """
 th label{cursor:pointer;color:#24497a}
+.sorts .views table{table-layout:auto;width:100%}
+.sorts .views td:last-child{overflow-wrap:anywhere;min-width:16em;max-width:32em}
 """
 
 
@@ -89,7 +91,7 @@ def catalogue_section(results: Sequence[Any], e: Any, code: Any, table: Any, plo
                          e(_text(r.get("max_ulp"))), e(_text(r.get("p99_ulp"))),
                          e(gate.ratio_text(r.get("ratio")) if r.get("ratio") is not None else "\u2014"), e(golden),
                          e(r.get("verdict") or "\u2014"), f'<span class="{cls}">{e(status)}</span>',
-                         e(str(r.get("message") or ""))[:300]))
+                         e(str(r.get("message") or "")[:300])))
         views.append(f'<div class="by-{key}">{table(header, body, "wide", raw_header=True)}</div>')
     more = len(rows) - ROWS_MAX
     parts.append(f'<div class="sorts">{radios}<div class="views">{"".join(views)}</div></div>')

@@ -22,6 +22,7 @@ import io
 import json
 import math
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -135,16 +136,28 @@ def _api_checks_section(results: Any) -> str:
     parts = [title, summary]
     if flagged:
         rows = [(_code(r.get("api")), _e(r.get("dtype")), _e(r.get("pert_mode")), _e(r.get("device")),
-                 f'<span class="bad">{_e(r.get("flagged"))}</span>',
-                 _code(f"pytest '{r.get('test')}'")) for r in flagged[:TABLE_MAX_ROWS]]
-        parts.append(_table(("API", "dtype", "mode", "device", "figure (failing example)", "reproduce"), rows, "wide"))
+                 f'<span class="bad">{_e(r.get("flagged"))}</span>', _inputs_cell(r.get("inputs")),
+                 _code(f"pytest {shlex.quote(str(r.get('test')))}")) for r in flagged[:TABLE_MAX_ROWS]]
+        parts.append(_table(("API", "dtype", "mode", "device", "figure (failing example)", "minimal failing inputs",
+                             "reproduce"), rows, "wide"))
         parts.append(_more(len(flagged) - TABLE_MAX_ROWS, "flagged checks"))
     if clean:
-        listed = ", ".join(_code(f"{r.get('api')} [{r.get('dtype')}, {r.get('pert_mode')}]")
-                           for r in clean[:TABLE_MAX_ROWS])
-        parts.append(f"<details><summary>{len(clean)} checks within their thresholds</summary><p>{listed}</p>"
+        clean.sort(key=lambda r: (str(r.get("api")), str(r.get("dtype")), str(r.get("pert_mode"))))
+        rows = [(_code(r.get("api")), _e(r.get("dtype")), _e(r.get("pert_mode")), _e(r.get("device")))
+                for r in clean[:TABLE_MAX_ROWS]]
+        parts.append(f"<details><summary>{len(clean)} checks within their thresholds</summary>"
+                     f"{_table(('API', 'dtype', 'mode', 'device'), rows)}"
                      f"{_more(len(clean) - TABLE_MAX_ROWS, 'checks')}</details>")
     return '<section id="api-checks">' + "".join(parts) + "</section>"
+
+
+def _inputs_cell(inputs: Any) -> str:
+    from pytest_msprobe.api.marker import inputs_lines
+
+    entries = [_mapping(i) for i in _list(inputs)]
+    if not entries:
+        return '<span class="muted">\u2014</span>'
+    return "<br>".join(f"<code>{_e(line)}</code>" for line in inputs_lines(entries))
 
 
 def _catalogue(results: Any) -> str:
@@ -160,8 +173,9 @@ def _catalogue_header(session: Mapping[str, Any]) -> str:
             ("versions", ", ".join(f"{k} {v}" for k, v in versions.items()) or "\u2014")]
     dl = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in meta)
     label = "API precision catalogue" if session.get("catalogue") else "per-API checks"
+    cards = _cards(_outcome_cards(session, [], "test")) if _mapping(session.get("session")) else ""
     return (f'<header><h1>msprobe report <span class="tool">{_e(label)}</span></h1>'
-            f'<dl class="meta">{dl}</dl></header>')
+            f'<dl class="meta">{dl}</dl>{cards}</header>')
 
 
 def find_chromium() -> str | None:
@@ -261,6 +275,14 @@ def _shorten(text: str, limit: int = LABEL_MAX_CHARS) -> str:
         return text
     keep = limit - 1
     return text[: keep // 2] + "\u2026" + text[len(text) - (keep - keep // 2):]
+
+
+def _plot_text(text: str) -> str:
+    """A name as matplotlib must get it to draw it literally: every ``$`` escaped (a ``$…$`` pair
+    is mathtext, and a malformed one raises and would cost the whole report), and a leading ``_``
+    kept off the first character (legends drop such labels: torch.compile's ``_orig_mod.``)."""
+    text = text.replace("$", r"\$")
+    return " " + text if text.startswith("_") else text
 
 
 def _int(v: Any) -> int:
@@ -366,8 +388,8 @@ def _hbar_plot(entries: Sequence[tuple[str, float | None, str, str]], *, xlabel:
     The value texts sit in a right-hand column (a twin axis' tick labels), so they never overlap
     the bars or each other."""
     n = len(entries)
-    labels = [_shorten(label) for label, _, _, _ in entries]
-    texts = [text for _, _, text, _ in entries]
+    labels = [_plot_text(_shorten(label)) for label, _, _, _ in entries]
+    texts = [_plot_text(text) for _, _, text, _ in entries]
     left_in = 0.25 + _MONO_CHAR_IN * max(map(len, labels), default=0)
     right_in = 0.25 + _MONO_CHAR_IN * max(map(len, texts), default=0)
     width_in = max(10.0, left_in + right_in + 5.0)
@@ -392,7 +414,7 @@ def _hbar_plot(entries: Sequence[tuple[str, float | None, str, str]], *, xlabel:
         ax.barh(off, [hi - lo] * len(off), left=lo, color="#f3d6d6", edgecolor=_DARK_RED, hatch="///",
                 height=0.7, linewidth=0.8)
     for x, style, label in lines:
-        ax.axvline(x, color="black", linestyle=style, linewidth=1.1, label=label)
+        ax.axvline(x, color="black", linestyle=style, linewidth=1.1, label=_plot_text(label))
     ax.set_xlim(lo, hi)
     ys = list(range(n))
     for axis, tick_labels in ((ax, labels), (ax.twinx(), texts)):
@@ -430,7 +452,7 @@ def _similarity_plot(steps: Sequence[int], rows: Sequence[tuple[str, Sequence[fl
     for name, ys, bad in rows:
         style = ({"color": "black", "linewidth": 2.0, "zorder": 3} if name == SUMMARY_ROW
                  else {"linewidth": 1.2, "marker": "o", "markersize": 3})
-        ax.plot(steps, ys, label=_shorten(name, 34), **style)
+        ax.plot(steps, ys, label=_plot_text(_shorten(name, 34)), **style)
         at = dict(zip(steps, ys))
         for s in bad:
             if s in at and math.isfinite(at[s]):
@@ -465,22 +487,44 @@ def _header(session: Mapping[str, Any], tool: str, tests: Mapping[str, Any], uni
             ("versions", ", ".join(f"{k} {v}" for k, v in versions.items()) or "\u2014")]
     entries = [_mapping(t) for t in tests.values()]
     findings_key = FINDINGS[tool][0]
-    outcomes = [str(t.get("outcome", "")) for t in entries]
-    counts = [(f"{unit}s", len(entries), ""), ("passed", outcomes.count("passed"), "good"),
-              ("failed", outcomes.count("failed"), "bad" if "failed" in outcomes else ""),
-              (f"with {FINDINGS[tool][1]}", sum(1 for t in entries if _list(t.get(findings_key))),
-               "bad" if any(_list(t.get(findings_key)) for t in entries) else "good"),
-              ("with probe errors", sum(1 for t in entries if _list(t.get("errors"))),
-               "warn" if any(_list(t.get("errors")) for t in entries) else "")]
-    other = len(entries) - outcomes.count("passed") - outcomes.count("failed")
-    if other and any(outcomes):
-        counts.insert(3, ("other outcome", other, ""))
-    cards = "".join(f'<div class="card {kind}"><div class="num">{n}</div><div>{_e(label)}</div></div>'
-                    for label, n, kind in counts)
+    counts = _outcome_cards(session, [str(t.get("outcome", "")) for t in entries], unit)
+    if _mapping(session.get("session")):
+        counts.append((f"{unit}s under the probe", len(entries), ""))
+    counts += [(f"with {FINDINGS[tool][1]}", sum(1 for t in entries if _list(t.get(findings_key))),
+                "bad" if any(_list(t.get(findings_key)) for t in entries) else "good"),
+               ("with probe errors", sum(1 for t in entries if _list(t.get("errors"))),
+                "warn" if any(_list(t.get("errors")) for t in entries) else "")]
     dl = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in meta)
     return (f"<header><h1>msprobe report <span class=\"tool\">{_e(tool)}</span></h1>"
             f'<dl class="meta">{dl}</dl>{_config_summary(_mapping(session.get("config")), tool)}'
-            f'<div class="cards">{cards}</div></header>')
+            f'{_cards(counts)}</header>')
+
+
+def _outcome_cards(session: Mapping[str, Any], outcomes: list[str], unit: str) -> list[tuple[str, int, str]]:
+    """Cards of the tests the session ran, by outcome: pytest's own count when the session
+    recorded it (summary.json's "session": every test, per-API and catalogue ones too), else the
+    outcomes of the entries (a merged multi-rank summary, an older summary.json)."""
+    ran = _mapping(session.get("session"))
+    if ran:
+        total = _int(ran.get("tests"))
+        by = {k: _int(v) for k, v in ran.items() if k != "tests"}
+    else:
+        total = len(outcomes)
+        by = {k: outcomes.count(k) for k in set(outcomes) if k}
+    cards = [(f"{unit}s", total, ""), ("passed", by.get("passed", 0), "good"),
+             ("failed", by.get("failed", 0), "bad" if by.get("failed") else "")]
+    other = total - by.get("passed", 0) - by.get("failed", 0)
+    if other and (ran or any(outcomes)):
+        skipped = by.get("skipped", 0)
+        cards.append(("skipped", skipped, "") if skipped == other else ("other outcome", other, ""))
+    return cards
+
+
+def _cards(counts: Sequence[tuple[str, int, str]]) -> str:
+    inner = "".join(f'<div class="card {kind}"><div class="num">{n}</div><div>{_e(label)}</div></div>'
+                    for label, n, kind in counts)
+    return f'<div class="cards">{inner}</div>'
+
 
 
 def _short_value(v: Any) -> str:
@@ -494,7 +538,9 @@ def _config_summary(config: Mapping[str, Any], tool: str) -> str:
     if not config:
         return ""
     top = [(k, v) for k, v in config.items() if not isinstance(v, Mapping)]
-    section = [(f"{tool}.{k}", v) for k, v in _mapping(config.get(tool)).items()]
+    own = _mapping(config.get(tool))
+    # fuzz_device only matters to to_cpu (msprobe's default "npu" would read wrong on a CPU run)
+    section = [(f"{tool}.{k}", v) for k, v in own.items() if not (k == "fuzz_device" and own.get("pert_mode") != "to_cpu")]
     chips = "".join(f'<span class="kv"><b>{_e(k)}</b> {_e(_short_value(v))}</span>' for k, v in top + section)
     full = _e(json.dumps(config, indent=2, sort_keys=True, default=str))
     return (f'<div class="config"><h3>config</h3>{chips}'
@@ -561,10 +607,24 @@ def _apis_section(apis: Mapping[str, Any], ran: bool, unit: str = "test") -> str
                              "first flagged call", f"{unit}s affected"), rows, "wide"))
         parts.append(_more(len(risky) - TABLE_MAX_ROWS, "APIs"))
     if clean:
-        listed = ", ".join(_code(a) for a in clean[:TABLE_MAX_ROWS])
-        parts.append(f"<details><summary>{len(clean)} APIs checked and within their thresholds</summary>"
-                     f"<p>{listed}</p>{_more(len(clean) - TABLE_MAX_ROWS, 'APIs')}</details>")
+        parts.append(_closest_table(clean, stats, open_=not risky))
     return '<section id="apis">' + "".join(parts) + "</section>"
+
+
+def _closest_table(clean: list[str], stats: Mapping[str, Mapping[str, Any]], open_: bool) -> str:
+    """The APIs within their thresholds, closest first: how near each came (its largest error /
+    threshold over every checked call), so a clean run still shows its margins."""
+    def score(api: str) -> float:
+        v = stats[api].get("worst_score")
+        return float(v) if _finite(v) else -1.0
+
+    ordered = sorted(clean, key=lambda a: (-score(a), a))
+    rows = [(_code(a), _e(_fmt(stats[a].get("checked"))),
+             _e("\u2014" if score(a) < 0 else f"{score(a):.3g}\u00d7"), _e(", ".join(map(str, _list(stats[a].get("dtypes"))))))
+            for a in ordered[:TABLE_MAX_ROWS]]
+    table = _table(("API", "calls checked", "closest: error / threshold", "dtypes"), rows)
+    return (f"<details{' open' if open_ else ''}><summary>{len(clean)} APIs checked and within their thresholds, "
+            f"closest first</summary>{table}{_more(len(clean) - TABLE_MAX_ROWS, 'APIs')}</details>")
 
 
 def _params_section(params: Mapping[str, Any], ran: bool, unit: str = "test") -> str:

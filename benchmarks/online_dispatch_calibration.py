@@ -47,8 +47,7 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from probes.core.dispatch_metrics import DTYPE_EPS  # noqa: E402
-from probes.core.thresholds import DISPATCH_SCALED_THRESHOLD  # noqa: E402
+from probes.core.thresholds import DISPATCH_SCALED_THRESHOLD, MACHINE_EPS  # noqa: E402
 from probes.pytorch.online_dispatch import PtdbgDispatch  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -246,7 +245,7 @@ def print_calibration(leaves: list[Leaf]) -> None:
         d_all = distribution(mine)
         d_sig = distribution([leaf for leaf in mine if leaf.signal])
         d_j = distribution([leaf for leaf in mine if leaf.above_floor])
-        thr = DISPATCH_SCALED_THRESHOLD[name] / DTYPE_EPS[name]
+        thr = DISPATCH_SCALED_THRESHOLD[name] / MACHINE_EPS[name]
         margin = thr / d_sig["p99.9"] if d_sig["n"] and d_sig["p99.9"] > 0 else float("inf")
         judged_max = f"{d_j['max']:>6.3g}" if d_j["n"] else f"{'-':>6}"
         print(f"{name:<9} {d_all['n']:>6} {d_all['max']:>8.3g} {d_all['p99.9']:>7.3g} {d_all['p99']:>6.3g} | "

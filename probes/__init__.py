@@ -19,7 +19,7 @@ def __getattr__(name: str) -> Any:
 
         return GradComparator
     if name == "assert_grad_directions_close":
-        from probes.grad_probe.direction_rule import assert_grad_directions_close
+        from probes.grad_probe import assert_grad_directions_close
 
         return assert_grad_directions_close
     raise AttributeError(f"module 'probes' has no attribute {name!r}")

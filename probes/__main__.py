@@ -8,16 +8,20 @@ Subcommands:
   parameters and the summary per step. Exit status: 0 clean, 1 when the 0.97/0.03 rule flags
   anything or something could not be compared (a rank, step set or parameter present in one run
   only, shape/dtype mismatch), 2 on usage errors.
-* ``summary DIR [--csv OUT]``: what a dump directory holds, read by :func:`probes.results.load`
-  (the DataFrames a notebook gets): per table its rows, tests, ranks and steps, and the findings
-  (inconsistent APIs, failing ops, lowest gradient similarities, worst catalogue APIs). ``--csv``
-  writes every non-empty table to OUT/<table>.csv. Exit status 0, 2 on usage errors.
+* ``summary DIR [--csv OUT]``: what a dump directory holds. For a pytest session's folder, first
+  the latest session as its report shows it (from its summary.json: tests by outcome, the tests
+  the probe flagged, the flagged per-API checks, the catalogue's failing rows); then the tables of
+  :func:`probes.results.load` (the DataFrames a notebook gets): per table its rows, tests, ranks
+  and steps, and the findings of the latest session's tests (inconsistent APIs, failing ops, lowest
+  gradient similarities, worst catalogue APIs). ``--csv`` writes every non-empty table to
+  OUT/<table>.csv. Exit status 0, 2 on usage errors.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,7 +32,9 @@ MAX_LINES = 20
 
 
 def _fmt(value: float | None) -> str:
-    return "-" if value is None else f"{value:.6f}"
+    from probes.core.number_format import short_number
+
+    return short_number(value, digits=6, fixed=True)
 
 
 def _print_rank(res, label: str, out) -> None:
@@ -113,6 +119,12 @@ def _summary(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     out = sys.stdout
     print(f"{res.root}", file=out)
+    session = _latest_session(res.summaries)
+    scope = None
+    if session is not None:
+        for line in _session_lines(*session):
+            print(f"  {line}", file=out)
+        scope = _session_scope(session[1])
     for name, frame in res.tables().items():
         if not len(frame):
             continue
@@ -124,8 +136,14 @@ def _summary(args: argparse.Namespace) -> int:
                 if len(values):
                     facets.append(f"{values.nunique()} {column}{'s' if values.nunique() != 1 else ''}")
         print(f"  {name}: {', '.join(facets)}", file=out)
-        for line in _findings(name, frame):
+        judged = _in_scope(frame, scope)
+        for line in _findings(name, judged):
             print(f"    {line}", file=out)
+        if len(judged) < len(frame):
+            searches = int(frame["test"].isin(scope[1]).sum())
+            print(f"    not findings of this session: {searches} rows of the per-API checks' Hypothesis searches "
+                  f"(their verdicts are above), {len(frame) - len(judged) - searches} of tests of earlier sessions",
+                  file=out)
     if not any(len(f) for f in res.tables().values()):
         print("  no probe results found (free_benchmark.csv, grad_summary_*.csv, compare_result_rank*.csv, "
               "similarities.csv, catalogue.csv)", file=out)
@@ -139,12 +157,72 @@ def _summary(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _latest_session(summaries: dict) -> tuple[str, dict] | None:
+    """The pytest session's summary.json (the newest, when per-rank sessions wrote several)."""
+    sessions = [(path, data) for path, data in summaries.items()
+                if Path(path).name == "summary.json" and isinstance(data, dict) and "session" in data]
+    return max(sessions, key=lambda pd: str(pd[1].get("date", ""))) if sessions else None
+
+
+def _session_scope(data: dict) -> tuple[set[str], set[str]]:
+    """(the session's tests run under the probe, its per-API checks): rows of other tests are from
+    earlier sessions, and a per-API check's rows are its search's inner examples, not findings."""
+    tests = data.get("tests")
+    probed = set(tests) if isinstance(tests, dict) else set()
+    api = {str(r.get("test")) for r in data.get("api_checks") or [] if isinstance(r, dict)}
+    return probed, api
+
+
+def _in_scope(frame, scope: tuple[set[str], set[str]] | None):  # noqa: ANN001, ANN202 - pandas DataFrames
+    if scope is None or "test" not in frame.columns:
+        return frame
+    probed, _api = scope
+    return frame[frame["test"].isin(probed) | (frame["test"] == "")]
+
+
+def _session_lines(path: str, data: dict) -> list[str]:
+    """The latest session as its report.html shows it: the same counts, the same flagged checks."""
+    counts = data.get("session") or {}
+    by_outcome = ", ".join(f"{counts[k]} {k}" for k in ("passed", "failed", "skipped", "error") if counts.get(k))
+    lines = [f"session {data.get('date', '')} ({path}): {counts.get('tests', 0)} tests"
+             + (f": {by_outcome}" if by_outcome else "")]
+    tool, tests = data.get("tool"), data.get("tests")
+    findings = {"free_benchmark": ("flagged_apis", "inconsistent APIs"),
+                "grad_probe": ("nonfinite_params", "non-finite gradients"),
+                "online_dispatch": ("failing_ops", "failing ops")}.get(tool)
+    if findings and isinstance(tests, dict):
+        key, label = findings
+        hit = {t: e.get(key) for t, e in tests.items() if isinstance(e, dict) and e.get(key)}
+        lines.append(f"{tool}: {len(tests)} tests under the probe, {len(hit)} with {label}")
+        for test, names in list(hit.items())[:MAX_LINES // 2]:
+            lines.append(f"  {test}: {', '.join(map(str, names[:5]))}" + (" ..." if len(names) > 5 else ""))
+    checks = [r for r in data.get("api_checks") or [] if isinstance(r, dict)]
+    if checks:
+        flagged = [r for r in checks if r.get("flagged")]
+        lines.append(f"per-API checks: {len(checks)} run, {len(flagged)} flagged")
+        for r in sorted(flagged, key=lambda r: (str(r.get("api")), str(r.get("dtype")), str(r.get("pert_mode")))):
+            lines.append(f"  {r.get('api')} [{r.get('dtype')}, {r.get('pert_mode')}]: {r.get('flagged')}")
+    rows = [r for r in data.get("catalogue") or [] if isinstance(r, dict)]
+    if rows:
+        from pytest_msprobe.catalogue.gate import STATUS_ORDER, failing
+
+        statuses = Counter(str(r.get("status", "")) for r in rows)
+        order = [s for s in STATUS_ORDER if statuses.get(s)] + sorted(set(statuses) - set(STATUS_ORDER))
+        lines.append(f"catalogue: {len(rows)} API x dtype: " + ", ".join(f"{statuses[s]} {s}" for s in order))
+        for r in [r for r in rows if failing(r)][:MAX_LINES // 2]:
+            lines.append(f"  {r.get('api')} {r.get('dtype')}: {r.get('status')}: {r.get('message', '')}"[:200])
+    return lines
+
+
 def _findings(name: str, frame) -> list[str]:  # noqa: ANN001 - a pandas DataFrame
     """A few lines per table: what to look at first."""
+    if not len(frame):
+        return []
     if name == "free_benchmark":
-        api = frame["api_name"].str.rsplit(".", n=2).str[0]
-        top = frame.assign(api=api).groupby("api")["max_rel"].agg(["count", "max"]).sort_values("max", ascending=False)
-        return [f"{a}: {int(r['count'])} inconsistent outputs, worst max_rel {r['max']:.4g}"
+        calls = frame.assign(where=frame["test"] + ":" + frame["call"].astype(str))
+        top = (calls.groupby("api").agg(calls=("where", "nunique"), worst=("max_rel", "max"))
+               .sort_values("worst", ascending=False))
+        return [f"{a}: {int(r['calls'])} inconsistent call{'s' if r['calls'] != 1 else ''}, worst max_rel {r['worst']:.4g}"
                 for a, r in top.head(MAX_LINES // 2).iterrows()]
     if name == "online_dispatch" and "Accuracy Reached or Not" in frame.columns:
         failing = frame[frame["Accuracy Reached or Not"].isin(["No", "Unmatched"])]
@@ -156,8 +234,12 @@ def _findings(name: str, frame) -> list[str]:  # noqa: ANN001 - a pandas DataFra
         low = frame[frame["param"] != "summary"].sort_values("similarity").head(5)
         return [f"lowest: {r['param']} at step {r['step']}: {r['similarity']:.4f}" for _, r in low.iterrows()]
     if name == "catalogue":
+        from pytest_msprobe.catalogue.gate import STATUS_RANK
+
         counts = frame["status"].value_counts().to_dict()
-        worst = frame.sort_values("max_ulp", ascending=False).head(5)
+        # failing statuses (regressed, over limit, ...) first, then the largest max ulp
+        order = frame.assign(rank=frame["status"].map(STATUS_RANK).fillna(len(STATUS_RANK)))
+        worst = order.sort_values(["rank", "max_ulp"], ascending=[True, False]).head(5)
         return [", ".join(f"{v} {k}" for k, v in counts.items())] + [
             f"{r['api']} {r['dtype']}: max {r['max_ulp']:.4g} ulp, p99 {r['p99_ulp']:.4g} ({r['status']})"
             for _, r in worst.iterrows()]

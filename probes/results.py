@@ -153,8 +153,11 @@ class _Tests:
                 data = json.loads(summary.read_text(encoding="utf-8"))
             except (OSError, ValueError):
                 continue
-            tests = data.get("tests") if isinstance(data, dict) else None
-            ids = tests.keys() if isinstance(tests, dict) else [t.get("test") for t in tests or [] if isinstance(t, dict)]
+            if not isinstance(data, dict):
+                continue
+            tests = data.get("tests")  # summary.json: a dict by node id; api_checks.json: a list of checks
+            ids = list(tests) if isinstance(tests, dict) else [t.get("test") for t in tests or [] if isinstance(t, dict)]
+            ids += [t.get("test") for t in data.get("api_checks") or [] if isinstance(t, dict)]
             self.names.update({folder_of_test(str(n)): str(n) for n in ids if n})
 
     def of(self, path: Path) -> str:

@@ -13,7 +13,7 @@ __all__ = ["assert_grad_directions_close"]
 
 def __getattr__(name: str) -> Any:
     if name == "assert_grad_directions_close":
-        from probes.grad_probe.direction_rule import assert_grad_directions_close
+        from probes.grad_probe import assert_grad_directions_close
 
         return assert_grad_directions_close
     raise AttributeError(f"module 'pytest_msprobe' has no attribute {name!r}")

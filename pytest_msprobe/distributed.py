@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from probes.core.errors import ConfigError
+from probes.core.writers import write_bytes_atomic
 
 LOOPBACK = "127.0.0.1"
 BACKENDS = ("gloo", "nccl", "hccl")
@@ -94,28 +95,42 @@ class RankJob:
         return [o.value for o in self.outcomes]
 
 
-def _rank_main(fn: Callable[..., Any], args: tuple, kwargs: dict, rank: int, world_size: int, port: int,
-               backend: str, pg_timeout_s: float, threads: int | None, init: bool, result_path: str,
-               simulated: dict[str, str] | None = None) -> None:
+@dataclass(frozen=True)
+class _JobSpec:
+    """What every rank of a job is given (pickled to each rank's process)."""
+
+    fn: Callable[..., Any]
+    args: tuple
+    kwargs: dict
+    world_size: int
+    port: int
+    backend: str
+    pg_timeout_s: float
+    threads: int | None  # torch.set_num_threads of each rank (None: torch's default)
+    init: bool  # the rank initialises the process group before fn
+    simulated: dict[str, str] | None  # the defects of the parent's simulated NPU, if one is active
+
+
+def _rank_main(job: _JobSpec, rank: int, result_path: str) -> None:
     """Entry point of a spawned rank: torchrun's environment, the process group, fn, the result file."""
-    os.environ.update(rank_env(rank, world_size, port, backend))
+    os.environ.update(rank_env(rank, job.world_size, job.port, job.backend))
     import torch
     import torch.distributed as dist
 
-    if threads:
-        torch.set_num_threads(threads)
+    if job.threads:
+        torch.set_num_threads(job.threads)
     failed_at = 0.0
     stack = contextlib.ExitStack()
     try:
-        if simulated is not None:  # the parent's simulated NPU, again in this fresh process
+        if job.simulated is not None:  # the parent's simulated NPU, again in this fresh process
             from pytest_msprobe.testing.simulated_npu import simulated_npu
 
-            stack.enter_context(simulated_npu(defects=simulated))
-        if init:
-            dist.init_process_group(backend, rank=rank, world_size=world_size,
-                                    timeout=timedelta(seconds=pg_timeout_s))
+            stack.enter_context(simulated_npu(defects=job.simulated))
+        if job.init:
+            dist.init_process_group(job.backend, rank=rank, world_size=job.world_size,
+                                    timeout=timedelta(seconds=job.pg_timeout_s))
         try:
-            result: tuple[str, Any] = ("ok", fn(*args, **kwargs))
+            result: tuple[str, Any] = ("ok", job.fn(*job.args, **job.kwargs))
         except BaseException:
             failed_at = time.time()  # before the group goes down and the peers fail in turn
             raise
@@ -131,10 +146,7 @@ def _rank_main(fn: Callable[..., Any], args: tuple, kwargs: dict, rank: int, wor
         payload = pickle.dumps(result)
     except Exception as exc:
         payload = pickle.dumps(("error", (time.time(), f"rank {rank}: the return value cannot be pickled: {exc!r}")))
-    tmp = result_path + ".tmp"
-    with open(tmp, "wb") as fh:
-        fh.write(payload)
-    os.replace(tmp, result_path)
+    write_bytes_atomic(result_path, payload)
 
 
 def _active_simulation() -> dict[str, str] | None:
@@ -184,11 +196,10 @@ def run_ranks(fn: Callable[..., Any], world_size: int = 2, args: Sequence[Any] =
     with tempfile.TemporaryDirectory(prefix="msprobe_ranks_") as tmp:
         paths = [str(Path(tmp) / f"rank{r}.pkl") for r in range(world_size)]
         procs = []
-        simulated = _active_simulation()
+        spec = _JobSpec(fn, tuple(args), dict(kwargs or {}), world_size, port, backend, pg_timeout, threads_per_rank,
+                    init, _active_simulation())
         for r in range(world_size):
-            p = ctx.Process(target=_rank_main, name=f"msprobe-rank{r}",
-                            args=(fn, tuple(args), dict(kwargs or {}), r, world_size, port, backend, pg_timeout,
-                                  threads_per_rank, init, paths[r], simulated))
+            p = ctx.Process(target=_rank_main, name=f"msprobe-rank{r}", args=(spec, r, paths[r]))
             p.start()
             procs.append(p)
         killed, failed = _wait(procs, paths, start + float(timeout))

@@ -21,15 +21,14 @@ from typing import Any
 
 import pytest
 
-TASKS = ("free_benchmark", "grad_probe", "online_dispatch")
-AVAILABLE_TASKS = TASKS
-FAIL_ON = ("risk", "never")
-DEVICES = ("auto", "npu", "cuda", "cpu")
-RULES = ("scaled", "reference")  # free_benchmark verdicts (probes.core.config.RULES)
+from probes.backends.devices import DEVICES
+from probes.core.config import TASKS
+from probes.core.rules import FREE_BENCHMARK_RULES
+from pytest_msprobe.options import FAIL_ON, OPTIONS_KEY, MsprobeOptions, test_dump_path
+
 # fixtures that run a probe themselves: a test using one is not also run under the session's probe
 TOOL_FIXTURES = ("free_benchmark", "grad_probe", "online_dispatch", "msprobe_api_case", "msprobe_distributed")
 _SESSION_KEY = pytest.StashKey["MsprobeSession"]()
-_OPTIONS_KEY = pytest.StashKey["MsprobeOptions"]()
 _RUNS_KEY = pytest.StashKey[list]()  # the tool fixtures' runs of a test, for its golden check
 _SIMULATION_KEY = pytest.StashKey[contextlib.ExitStack]()  # --msprobe-simulated-npu, closed at unconfigure
 
@@ -46,7 +45,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--msprobe-regen-golden", action="store_true", default=None,
                     help="(re)write the golden files tests compare against; those tests fail once")
     group.addoption("--msprobe-rule", default=None,
-                    help=f"{' | '.join(RULES)}: free_benchmark's verdict (default scaled: each output judged at "
+                    help=f"{' | '.join(FREE_BENCHMARK_RULES)}: free_benchmark's verdict (default scaled: each output judged at "
                          "its own scale; reference: msprobe's element-wise ratio rule)")
     group.addoption("--msprobe-simulated-npu", action="store_true", default=None,
                     help="run on a simulated NPU (pytest_msprobe.testing.simulated_npu): device 'npu' and "
@@ -60,136 +59,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("msprobe_simulated_npu", "default for --msprobe-simulated-npu", type="bool", default=False)
 
 
-def options_of(config: pytest.Config) -> MsprobeOptions:
-    """The plugin's validated options of this pytest run."""
-    return config.stash[_OPTIONS_KEY]
-
-
-def _option(config: pytest.Config, name: str) -> Any:
-    value = config.getoption(f"--msprobe-{name.replace('_', '-')}")
-    if value is None:
-        value = config.getini(f"msprobe_{name}") or None
-    return value
-
-
-class MsprobeOptions:
-    """The plugin's options after validation; the probe config is read lazily (fixtures)."""
-
-    def __init__(self, config: pytest.Config) -> None:
-        self.pytest_config = config
-        self.task: str | None = _option(config, "task")
-        self.cfg_file: str | None = _option(config, "config")
-        self.fail_on: str = _option(config, "fail_on") or "risk"
-        self.device_choice: str = _option(config, "device") or "auto"
-        self.regen_golden = bool(_option(config, "regen_golden"))
-        self.rule_given: str | None = _option(config, "rule")
-        if self.rule_given is not None and self.rule_given not in RULES:
-            raise pytest.UsageError(f"--msprobe-rule={self.rule_given!r}; allowed: {', '.join(RULES)}")
-        dump = _option(config, "dump_path")
-        self.root = Path(dump) if dump is not None else Path(config.rootpath) / ".msprobe"
-        self.dump_given = dump is not None
-        self._device: str | None = None
-        self.api_results: list[dict[str, Any]] = []  # one per @msprobe_api test that ran
-        self.catalogue_results: list[dict[str, Any]] = []  # one per API precision catalogue test
-        self.catalogue_info: dict[str, Any] | None = None  # the catalogue's files, for the summary
-        self.report: Path | None = None  # report.html of a session without --msprobe-task
-        self.report_error: str | None = None
-        self.outcomes: dict[str, str] = {}  # nodeid -> outcome of every test the session ran
-        if self.task is not None and self.task not in TASKS:
-            raise pytest.UsageError(f"--msprobe-task={self.task!r} is not a task; allowed: {', '.join(TASKS)}")
-        if self.task is not None and self.task not in AVAILABLE_TASKS:
-            raise pytest.UsageError(f"--msprobe-task={self.task} is not available in this version yet; "
-                                    f"allowed now: {', '.join(AVAILABLE_TASKS)}")
-        if self.fail_on not in FAIL_ON:
-            raise pytest.UsageError(f"--msprobe-fail-on={self.fail_on!r}; allowed: {', '.join(FAIL_ON)}")
-        if self.device_choice not in DEVICES:
-            raise pytest.UsageError(f"--msprobe-device={self.device_choice!r}; allowed: {', '.join(DEVICES)}")
-        if self.task is not None and self.cfg_file is not None:
-            self._check_config_task()
-        if self.device_choice in ("cuda", "npu"):  # asked for explicitly: it must be there
-            self.device  # noqa: B018 - resolve now, so a missing device stops the run before any test
-
-    def _file_has_dump_path(self) -> bool:
-        """Whether the config file names its own dump_path (else the plugin's default applies)."""
-        if self.cfg_file is None:
-            return False
-        try:
-            raw = json.loads(Path(self.cfg_file).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return True  # load_config reports the file's problem itself
-        return isinstance(raw, dict) and raw.get("dump_path") is not None
-
-    def _check_config_task(self) -> None:
-        """A config written for another task does not fit: say so before any test runs."""
-        try:
-            raw = json.loads(Path(self.cfg_file).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return  # load_config reports unreadable files with the key and the reason
-        file_task = raw.get("task") if isinstance(raw, dict) else None
-        if file_task is not None and file_task != self.task:
-            raise pytest.UsageError(
-                f"--msprobe-config {self.cfg_file} is a {file_task!r} config (its \"task\" key) but "
-                f"--msprobe-task={self.task}; allowed: a config whose task is {self.task!r} or has no task key")
-
-    @property
-    def device(self) -> str:
-        if self._device is None:
-            from probes.backends.devices import DeviceUnavailable, resolve_device
-
-            try:
-                self._device = resolve_device(self.device_choice)
-            except DeviceUnavailable as exc:
-                raise pytest.UsageError(f"--msprobe-device={self.device_choice}: {exc}") from None
-        return self._device
-
-    def probe_config(self, task: str | None, dump_path: Path | str | None = None, overrides: dict | None = None) -> Any:
-        """The effective config for `task`: the config file (if any), `overrides`, the dump path."""
-        from probes.core.config import load_config
-        from probes.core.errors import ConfigError
-
-        raw_dump = dump_path
-        if raw_dump is None and (self.dump_given or not self._file_has_dump_path()):
-            raw_dump = self.root
-        effective = self._with_rule(task, overrides)
-        try:
-            return load_config(self.cfg_file, task=task, overrides=effective or None,
-                               dump_path=None if raw_dump is None else str(raw_dump))
-        except ConfigError as exc:
-            where = f"--msprobe-config {self.cfg_file}" if self.cfg_file else "--msprobe-task"
-            if overrides:
-                raise
-            raise pytest.UsageError(f"{where}: {exc}") from None
-
-
-    def _with_rule(self, task: str | None, overrides: dict | None) -> dict | None:
-        """free_benchmark under pytest gates on the scaled rule unless told otherwise: by
-        --msprobe-rule / msprobe_rule (wins), a test's own override, or the config file's
-        "rule". Preheat tunes msprobe's ratio rule, so a run that asks for it keeps that rule."""
-        if task != "free_benchmark":
-            return overrides
-        given = dict(overrides or {})
-        if self.rule_given is not None:
-            return {**given, "rule": self.rule_given}
-        if "rule" in given or "free_benchmark.rule" in given:
-            return overrides
-        section = self._file_section("free_benchmark")
-        if "rule" in section:
-            return overrides
-        if given.get("if_preheat", given.get("free_benchmark.if_preheat", section.get("if_preheat"))) is True:
-            return overrides
-        return {**given, "rule": "scaled"}
-
-    def _file_section(self, name: str) -> dict:
-        if self.cfg_file is None:
-            return {}
-        try:
-            raw = json.loads(Path(self.cfg_file).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return {}
-        section = raw.get(name) if isinstance(raw, dict) else None
-        return section if isinstance(section, dict) else {}
-
-
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "msprobe_off: run this test without the session's probe")
     config.addinivalue_line(
@@ -200,7 +69,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "(--msprobe-regen-golden writes it)")
     _start_simulated_npu(config)  # before the options: --msprobe-device resolves against it
     options = MsprobeOptions(config)
-    config.stash[_OPTIONS_KEY] = options
+    config.stash[OPTIONS_KEY] = options
     if options.task is None:
         return
     probe_config = options.probe_config(options.task)
@@ -216,12 +85,12 @@ class MsprobeSession:
     """What the plugin keeps for one pytest run."""
 
     def __init__(self, config: pytest.Config, probe_config: Any, fail_on: str) -> None:
-        from pytest_msprobe.tasks import TASKS as RUNNERS
+        from pytest_msprobe.tasks import TASK_RUNNERS
 
         self.config = config
         self.probe_config = probe_config
         self.fail_on = fail_on
-        self.task = RUNNERS[probe_config.task]()
+        self.task = TASK_RUNNERS[probe_config.task]()
         self.root = Path(probe_config.dump_path)
         self.results: list[tuple[str, dict[str, Any]]] = []  # (nodeid, per-test result)
         self.outcomes: dict[str, str] = {}  # nodeid -> passed/failed/skipped (for the report)
@@ -246,14 +115,6 @@ def _runs_own_probes(item: pytest.Item) -> bool:
     if callspec is not None and "msprobe_api_case" in callspec.params:
         return True
     return any(name in TOOL_FIXTURES for name in getattr(item, "fixturenames", ()))
-
-
-def test_dump_path(root: Path, nodeid: str) -> Path:
-    """`{root}/tests/<nodeid made safe>`: one folder per test, so xdist workers never share a file
-    (probes.results maps the folder back to the node id)."""
-    from probes.results import folder_of_test
-
-    return root / "tests" / folder_of_test(nodeid)
 
 
 def _framework_of(item: pytest.Item) -> str | None:
@@ -306,7 +167,7 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
     if golden is not None:
         from pytest_msprobe.golden.checks import check_marked_test
 
-        options: MsprobeOptions = item.config.stash[_OPTIONS_KEY]
+        options: MsprobeOptions = item.config.stash[OPTIONS_KEY]
         suite = (session.task.name, outcome, session.test_dump_path(item.nodeid)) if whole_suite else None
         failures += check_marked_test(item, golden, options, suite, item.stash.get(_RUNS_KEY, []))
     if failures:
@@ -329,7 +190,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Any:
     if callspec is not None and "msprobe_api_case" in callspec.params:
         from pytest_msprobe.api.marker import failure_text, run_case
 
-        options: MsprobeOptions = pyfuncitem.config.stash[_OPTIONS_KEY]
+        options: MsprobeOptions = pyfuncitem.config.stash[OPTIONS_KEY]
         case = callspec.params["msprobe_api_case"]
         entry = {"test": pyfuncitem.nodeid, "api": case.api, "dtype": case.dtype, "pert_mode": case.pert_mode,
                  "device": options.device, "flagged": None}
@@ -365,20 +226,20 @@ def msprobe_config(request: pytest.FixtureRequest) -> Any:
     session: MsprobeSession | None = request.config.stash.get(_SESSION_KEY, None)
     if session is not None:
         return session.probe_config
-    options: MsprobeOptions = request.config.stash[_OPTIONS_KEY]
+    options: MsprobeOptions = request.config.stash[OPTIONS_KEY]
     return options.probe_config(options.task or (None if options.cfg_file else "free_benchmark"))
 
 
 @pytest.fixture
 def msprobe_device(request: pytest.FixtureRequest) -> str:
     """The device under test ("npu", "cuda" or "cpu"), from --msprobe-device (default auto)."""
-    return request.config.stash[_OPTIONS_KEY].device
+    return request.config.stash[OPTIONS_KEY].device
 
 
 def _tool_factory(request: pytest.FixtureRequest, tool: str) -> Any:
     from pytest_msprobe.tool_runs import RUNS
 
-    options: MsprobeOptions = request.config.stash[_OPTIONS_KEY]
+    options: MsprobeOptions = request.config.stash[OPTIONS_KEY]
     item = request.node
     made: list[Any] = []
     item.stash.setdefault(_RUNS_KEY, []).append((tool, made))
@@ -412,7 +273,7 @@ def msprobe_golden(request: pytest.FixtureRequest) -> Any:
     regressed, is missing, or was just regenerated."""
     from pytest_msprobe.golden.checks import GoldenFixture
 
-    return GoldenFixture(request.node, request.config.stash[_OPTIONS_KEY])
+    return GoldenFixture(request.node, request.config.stash[OPTIONS_KEY])
 
 
 @pytest.fixture
@@ -440,7 +301,7 @@ def msprobe_compiled(request: pytest.FixtureRequest) -> Any:
     `check.assert_clean()` fails naming the graph, the failing node and the reproduction."""
     from probes.compiled import check_compiled
 
-    options: MsprobeOptions = request.config.stash[_OPTIONS_KEY]
+    options: MsprobeOptions = request.config.stash[OPTIONS_KEY]
     folder = test_dump_path(options.root, request.node.nodeid)
     made: list[int] = []
 
@@ -457,7 +318,7 @@ def msprobe_distributed(request: pytest.FixtureRequest) -> Any:
     gloo process group (spawned ranks, local port, timeout); `run.merged`, `run.assert_clean()`"""
     from pytest_msprobe.distributed import DistributedRunner
 
-    return DistributedRunner(test_dump_path(request.config.stash[_OPTIONS_KEY].root, request.node.nodeid) / "distributed")
+    return DistributedRunner(test_dump_path(request.config.stash[OPTIONS_KEY].root, request.node.nodeid) / "distributed")
 
 
 def _start_simulated_npu(config: pytest.Config) -> None:
@@ -488,7 +349,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    options: MsprobeOptions | None = session.config.stash.get(_OPTIONS_KEY, None)
+    options: MsprobeOptions | None = session.config.stash.get(OPTIONS_KEY, None)
     state: MsprobeSession | None = session.config.stash.get(_SESSION_KEY, None)
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:  # an xdist worker: the controller writes the session files
@@ -519,7 +380,7 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
     output = getattr(node, "workeroutput", None) or {}
     if state is not None and "msprobe" in output:
         state.results.extend((nodeid, s) for nodeid, s in json.loads(output["msprobe"]))
-    options: MsprobeOptions | None = node.config.stash.get(_OPTIONS_KEY, None)
+    options: MsprobeOptions | None = node.config.stash.get(OPTIONS_KEY, None)
     if options is not None and "msprobe_api" in output:
         options.api_results.extend(json.loads(output["msprobe_api"]))
     if options is not None and "msprobe_catalogue" in output:
@@ -551,7 +412,7 @@ def _write_session_files(state: MsprobeSession) -> None:
         "tool": state.task.name,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
         "versions": _versions(),
-        "device": state.config.stash[_OPTIONS_KEY].device,
+        "device": state.config.stash[OPTIONS_KEY].device,
         "config": state.probe_config.to_dict(),
         "tests": tests,
         {"free_benchmark": "apis", "grad_probe": "params", "online_dispatch": "ops"}[state.task.name]: table,
@@ -559,7 +420,7 @@ def _write_session_files(state: MsprobeSession) -> None:
     similarities = {k: v for _, r in state.results for k, v in r.get("similarities", {}).items()}
     if similarities:
         summary["similarities"] = similarities
-    options: MsprobeOptions = state.config.stash[_OPTIONS_KEY]
+    options: MsprobeOptions = state.config.stash[OPTIONS_KEY]
     if options.api_results:
         summary["api_checks"] = options.api_results
     if options.catalogue_results:
@@ -576,14 +437,19 @@ def _write_session_files(state: MsprobeSession) -> None:
 
 
 def _write_plugin_report(options: MsprobeOptions) -> None:
-    """report.html of a session without --msprobe-task that ran the catalogue or per-API checks."""
+    """summary.json and report.html of a session without --msprobe-task that ran the catalogue or
+    per-API checks (so neither file is left over from an earlier session next to the other)."""
+    from probes.core.writers import write_json_atomic
+
     session = {"tool": "catalogue", "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
                "versions": _versions(), "device": options.device, "catalogue": options.catalogue_results,
                "api_checks": options.api_results, "session": session_outcomes(options.outcomes)}
+    where = session_files_dir(options.root)
+    write_json_atomic(where / "summary.json", session)
     try:
         from pytest_msprobe.reports.html import render_html
 
-        options.report = render_html(session, options.root / "report.html")
+        options.report = render_html(session, where / "report.html")
     except Exception as exc:  # a view of the session's results: never fail the session for it
         options.report_error = f"{type(exc).__name__}: {exc}"
     if options.catalogue_info is not None:  # the catalogue's summary lines name the report
@@ -591,17 +457,10 @@ def _write_plugin_report(options: MsprobeOptions) -> None:
 
 
 def _versions() -> dict[str, str]:
-    """The versions a result depends on: what made the numbers (frameworks already imported)."""
-    from importlib import metadata
+    """The versions a session's numbers depend on (frameworks only when this process imported them)."""
+    from probes.core.versions import imported_frameworks, versions
 
-    out = {"python": sys.version.split()[0]}
-    wanted = ["pytest-msprobe", "pytest"] + [d for d in ("torch", "mindspore", "torch_npu") if d in sys.modules]
-    for dist in wanted:
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            pass
-    return out
+    return versions("pytest-msprobe", "pytest", *imported_frameworks())
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -611,7 +470,7 @@ def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -
     state: MsprobeSession | None = config.stash.get(_SESSION_KEY, None)
     if state is not None:
         state.outcomes[report.nodeid] = report.outcome
-    options: MsprobeOptions | None = config.stash.get(_OPTIONS_KEY, None)
+    options: MsprobeOptions | None = config.stash.get(OPTIONS_KEY, None)
     if options is not None and options.outcomes.get(report.nodeid) != "failed":  # a failed teardown stays failed
         options.outcomes[report.nodeid] = report.outcome
 
@@ -628,7 +487,7 @@ def session_outcomes(outcomes: dict[str, str]) -> dict[str, int]:
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     if getattr(config, "workeroutput", None) is not None:
         return
-    options: MsprobeOptions | None = config.stash.get(_OPTIONS_KEY, None)
+    options: MsprobeOptions | None = config.stash.get(OPTIONS_KEY, None)
     if options is not None and options.catalogue_info is not None:
         from pytest_msprobe.catalogue.summary import catalogue_lines
 

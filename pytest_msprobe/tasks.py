@@ -195,5 +195,5 @@ class OnlineDispatchTask:
                 + [f"{compared} op calls compared in {len(results)} test(s)"])
 
 
-TASKS: dict[str, Any] = {"free_benchmark": FreeBenchmarkTask, "grad_probe": GradProbeTask,
-                         "online_dispatch": OnlineDispatchTask}
+#: the runner of each task named in probes.core.config.TASKS (a test checks they agree)
+TASK_RUNNERS: dict[str, Any] = {runner.name: runner for runner in (FreeBenchmarkTask, GradProbeTask, OnlineDispatchTask)}

@@ -127,7 +127,7 @@ class GradProbeRun(ToolRun):
                                 max_drop: float = 0.03) -> None:
         """The direction rule between this run and `other` (a run or a grad_probe dump path):
         similarity ≥ first_step_min at the first step, no drop > max_drop after it."""
-        from probes.grad_probe.direction_rule import assert_grad_directions_close
+        from probes.grad_probe import assert_grad_directions_close
 
         if not self.summary.get("optimizers"):
             raise AssertionError(f"{self.label}: no optimizer stepped inside the grad_probe block; nothing to compare")

@@ -1,4 +1,4 @@
-"""The API precision catalogue (issue 17): ulp errors, the golden gate, seeded defects it must
+"""The API precision catalogue: ulp errors, the golden gate, seeded defects it must
 catch on a clean golden, and `pytest --pyargs pytest_msprobe.catalogue` end to end (regen, gate,
 CSV, report section, pytest-xdist, the simulated NPU)."""
 
@@ -15,10 +15,12 @@ import seeded_catalogue as sc
 import torch
 
 from probes.backends.hardware import hardware_identity
-from probes.core.ulps import PRECISION, UlpSummary, round_to, spacing, ulp_errors
+from probes.core.thresholds import SIGNIFICAND_BITS
+from probes.core.ulps import UlpSummary, round_to, spacing, ulp_errors
 from pytest_msprobe.catalogue import gate
-from pytest_msprobe.catalogue.cases import CatalogueCase, opinfo_available, opinfo_cases, table_cases
+from pytest_msprobe.catalogue.cases import opinfo_available, opinfo_cases, table_cases
 from pytest_msprobe.catalogue.measure import measure_torch
+from pytest_msprobe.catalogue.records import CatalogueCase, NothingToMeasure
 
 SOURCES = ["table"] + (["opinfo"] if opinfo_available() else [])
 
@@ -31,7 +33,7 @@ def test_spacing_is_the_gap_between_neighbours_and_subnormal_below_the_normal_ra
     gaps = (torch.nextafter(x.float().abs(), torch.tensor(math.inf)).to(tdt).double() - x.double().abs()).numpy()
     if dtype == "float32":
         assert spacing(x.double().numpy(), dtype) == pytest.approx(gaps)
-    smallest_subnormal = 2.0 ** (-126 if dtype != "float16" else -14) * 2.0 ** -(PRECISION[dtype] - 1)
+    smallest_subnormal = 2.0 ** (-126 if dtype != "float16" else -14) * 2.0 ** -(SIGNIFICAND_BITS[dtype] - 1)
     assert spacing(np.array([0.0, smallest_subnormal, 1e-300]), dtype).tolist() == [smallest_subnormal] * 3
     eps = torch.finfo(tdt).eps
     assert spacing(np.array([1.0]), dtype)[0] == eps
@@ -250,7 +252,7 @@ def test_mindspore_catalogue_measures_mint_and_catches_a_seeded_defect(monkeypat
     from mindspore import mint
 
     from pytest_msprobe.catalogue.cases import mindspore_cases
-    from pytest_msprobe.catalogue.measure import NothingToMeasure, measure
+    from pytest_msprobe.catalogue.measure import measure
 
     cases = {c.id: c for c in mindspore_cases()}
     assert "Mint.exp-float32" in cases and "MintFunctional.softmax-float16" in cases
@@ -281,3 +283,57 @@ def test_unknown_catalogue_source_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("MSPROBE_CATALOGUE_SOURCE", "opinfos")
     with pytest.raises(ConfigError, match="MSPROBE_CATALOGUE_SOURCE.*auto, opinfo, table, mindspore, npu"):
         all_cases()
+
+
+# structure -------------------------------------------------------------------------------------
+def _catalogue_imports() -> dict[str, set[str]]:
+    """module -> the catalogue modules it imports, at any level (a function-level import is an
+    import too: hiding a cycle there only defers it)."""
+    import ast
+
+    import pytest_msprobe.catalogue as package
+
+    folder = Path(package.__file__).parent
+    names = {p.stem for p in folder.glob("*.py")}
+    out: dict[str, set[str]] = {}
+    for path in folder.glob("*.py"):
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module == "pytest_msprobe.catalogue":
+                deps |= {a.name for a in node.names if a.name in names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pytest_msprobe.catalogue."):
+                deps.add(node.module.rsplit(".", 1)[1])
+                private = [a.name for a in node.names if a.name.startswith("_")]
+                assert not private, f"{path.name} imports private {private} from {node.module}"
+        out[path.stem] = deps
+    return out
+
+
+def test_the_catalogue_modules_import_each_other_without_a_cycle():
+    imports = _catalogue_imports()
+    assert imports["records"] == set() and imports["draws"] == set()  # the shared leaves
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> None:
+        for dep in imports.get(module, ()):
+            assert dep not in path, "import cycle: " + " -> ".join(path + [dep])
+            if dep not in done:
+                visit(dep, path + [dep])
+        done.add(module)
+
+    for module in imports:
+        visit(module, [module])
+
+
+def test_a_case_seed_is_stable_and_a_free_benchmark_summary_reads_as_a_verdict():
+    from pytest_msprobe.catalogue.records import FLAGGED, NOT_CHECKED, PASS, summary_verdict
+
+    case = CatalogueCase("Torch.exp", "float16", "table", "Torch.exp", "Torch.exp")
+    assert case.seed == CatalogueCase("Torch.exp", "float16", "opinfo", "Torch.exp", "x").seed  # by ref and dtype
+    assert case.seed != CatalogueCase("Torch.exp", "float32", "table", "Torch.exp", "Torch.exp").seed
+    assert case.seed == 641412323  # the goldens' inputs: a new seed would move every figure
+    flagged = {"apis": {"Torch.exp": {"checked": 4, "flagged": 1, "worst_max_rel": 0.012345, "threshold": 0.004}}}
+    assert summary_verdict("Torch.exp", flagged) == (FLAGGED, "1 of 4 calls flagged (worst 0.0123 > 0.004)")
+    assert summary_verdict("Torch.exp", {"apis": {"Torch.exp": {"checked": 4}}}) == (PASS, "4 calls checked")
+    skipped = {"not_checked": {"no float input": ["Torch.exp"]}}
+    assert summary_verdict("Torch.exp", skipped) == (NOT_CHECKED, "no float input")

@@ -1,4 +1,4 @@
-"""free_benchmark's deferred verdicts (issue 16): the figures of every checked call of a step
+"""free_benchmark's deferred verdicts: the figures of every checked call of a step
 cross to the host together at step()/stop(); rows, summaries and fix are exactly as when each
 call is judged at once; an output changed in place before a needed second look is skipped with
 the reason, never judged on the changed values."""

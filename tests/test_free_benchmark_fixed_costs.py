@@ -1,4 +1,4 @@
-"""free_benchmark's fixed costs (issue 16), checked by what is done rather than by timing: a
+"""free_benchmark's fixed costs, checked by what is done rather than by timing: a
 listed run wraps only what it may check (plus pass-through guards on Python-level APIs, so
 nested calls stay unchecked), the originals are back after stop(), and summary.json is not
 rewritten by steps that changed nothing in it. The timings are in benchmarks/fixed_costs.py."""

@@ -79,9 +79,9 @@ def test_names_counters_and_outermost_only(fb_config):
     probe = dbg.probe
     original_check = probe._check
 
-    def spy(meta, name, *a, **k):
-        seen.append(name)
-        return original_check(meta, name, *a, **k)
+    def spy(call):
+        seen.append(call.name)
+        return original_check(call)
 
     probe._check = spy
     x = torch.randn(4, 4)
@@ -396,7 +396,7 @@ def test_calls_inside_optimizer_step_are_left_out_with_the_reason(fb_config):
 def test_vector_norm_with_a_dtype_argument_under_improve_precision(fb_config, fix):
     """vector_norm(bf16 x, dtype=float32): the upcast re-run keeps the dtype argument, the call is
     checked (not an error), nothing is flagged on a clean kernel, and the output keeps its dtype
-    and value (issue 18)."""
+    and value."""
     x = torch.randn(64, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(0))
     plain = torch.linalg.vector_norm(x, dtype=torch.float32)
     dbg = PrecisionDebugger(config=fb_config(pert_mode="improve_precision", handler_type="fix" if fix else "check"))

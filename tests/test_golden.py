@@ -323,6 +323,25 @@ def test_grad_run_missing_and_extra_params_steps_ranks_are_reported():
     assert "rank0: steps in this run only: 3" in out.message
 
 
+def test_grad_run_failures_are_listed_structure_then_direction_then_figures():
+    """A missing rank is read first, even beside statistics that became infinite: a run of another
+    shape makes its figures moot."""
+    check = recorded("grad", "check_grad_run", grad_dump(Path("dump"), ranks=(0, 1)))
+    out = check("grad", grad_dump(Path("bad"), ranks=(0,), flip=(0, 1, "fc.weight", 0.1),
+                                  scale=(0, 2, "fc.bias", math.inf)))
+    listed = [line for line in out.message.splitlines() if line.startswith("  ")]
+
+    def category(line: str) -> str:
+        if "not in this run" in line:
+            return "structure"
+        return "direction" if "similarity" in line else "figure"
+
+    order = [category(line) for line in listed]
+    assert order[0] == "structure" and {"direction", "figure"} <= set(order), out.message
+    assert order == sorted(order, key=["structure", "direction", "figure"].index), out.message
+    assert "now inf" in listed[order.index("figure")]  # within a category, the farthest out first
+
+
 def test_grad_run_l0_dump_compares_md5():
     dump = grad_dump(Path("dump"), level="L0")
     check = recorded("grad", "check_grad_run", dump)

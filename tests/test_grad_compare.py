@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from probes.__main__ import main as cli
+from probes.grad_probe.assertion import assert_grad_directions_close
 from probes.grad_probe.comparator import (
     EMPTY,
     MD5_DIFFERS,
@@ -39,7 +40,6 @@ from probes.grad_probe.direction_rule import (
     REASON_FIRST_STEP,
     Flag,
     apply_rule,
-    assert_grad_directions_close,
     first_flagged_step,
     flag_series,
 )
@@ -468,3 +468,23 @@ def test_l0_empty_gradient_with_equal_hash_is_similar(tmp_path):
     write_rank(tmp_path / "b", run, level="L0")
     res = GradComparator.compare(tmp_path / "a", tmp_path / "b", None)
     assert res.similarity["e"] == {0: 1.0} and res.summary == {0: 1.0} and res.flags == []
+
+
+def test_a_comparison_built_by_hand_needs_only_its_folders():
+    res = GradComparison("a", "b", steps=[0], params=["w"], similarity={"w": {0: 0.5}}, status={"w": {0: OK}},
+                         summary={0: 0.5}, summary_status={0: OK})
+    assert res.out is None and res.flags == [] and res.state == "ok" and res.ok
+    empty = GradComparison("a", "b")
+    assert empty.state == "no_common_steps" and not empty.ok
+    assert empty.to_dict()["steps"] == [] and empty.first_step_min == FIRST_STEP_MIN and empty.max_drop == MAX_DROP
+
+
+def test_the_rule_is_a_leaf_below_the_comparator_and_the_assertion():
+    # each module imported alone: which grad_probe modules come with it (a cycle would bring the others)
+    code = ("import sys; import probes.grad_probe.{0}; "
+            "print(' '.join(sorted(m.rsplit('.', 1)[-1] for m in sys.modules if m.startswith('probes.grad_probe.'))))")
+    loaded = {m: subprocess.run([sys.executable, "-c", code.format(m)], capture_output=True, text=True,
+                                check=True).stdout.split() for m in ("direction_rule", "comparator", "assertion")}
+    assert loaded["direction_rule"] == ["direction_rule"]
+    assert "assertion" not in loaded["comparator"] and "direction_rule" in loaded["comparator"]
+    assert {"comparator", "direction_rule"} <= set(loaded["assertion"])

@@ -1,4 +1,4 @@
-"""grad_probe's files off the training thread (issue 16): written by a background writer with
+"""grad_probe's files off the training thread: written by a background writer with
 one step in flight, on disk after stop(), at exit when the training loop raised, and at most the
 step in flight lost on a hard kill; statistics and signs cross in one transfer per step."""
 
@@ -91,6 +91,22 @@ def test_a_writer_never_waits_for_an_earlier_step_unless_memory_needs_it():
     blocked.join(10)
     writer.close()
     assert done == [0, 1, 2, 3, 4, 5]
+
+
+def test_a_small_task_waits_behind_the_tasks_queued_before_it_and_close_ends_the_thread():
+    release = threading.Event()
+    writer = BackgroundWriter("order", inline_bytes=100)
+    done: list[str] = []
+    writer.submit(lambda: (release.wait(), done.append("large")), size=1000)
+    writer.submit(done.append, "small", size=1)
+    assert done == []  # not run inline: it would overtake the large step
+    release.set()
+    assert writer.close() == []
+    assert done == ["large", "small"]
+    assert not [t for t in threading.enumerate() if t.name.startswith("msprobe-order-writer")]
+    writer.submit(done.append, "later", size=1000)  # a later task starts a new thread
+    writer.close()
+    assert done[-1] == "later"
 
 
 @pytest.mark.parametrize("level", ["L0", "L1", "L2"])

@@ -239,7 +239,7 @@ def test_large_free_benchmark_session_caps_the_plot(tmp_path):
                                "tests": ["t::a"], "first_flagged": f"Torch.api_{i}.0.forward"} for i in range(100)}
     page = render_html({"tool": "free_benchmark", "apis": apis}, tmp_path / "report.html").read_text(encoding="utf-8")
     text = text_of(section(page, "apis"))
-    assert f"The plot shows the {PLOT_MAX_BARS} worst APIs; 60 more are in the table." in text
+    assert f"The plot shows the {PLOT_MAX_BARS} APIs nearest or beyond their thresholds; 60 more are in the tables." in text
     (plot,) = decoded_pngs(page)
     short = render_html({"tool": "free_benchmark", "apis": dict(list(apis.items())[:5])}, tmp_path / "short.html")
     (small,) = decoded_pngs(short.read_text(encoding="utf-8"))
@@ -397,6 +397,8 @@ def test_a_clean_run_shows_how_close_each_api_came(tmp_path):
     names = [a.replace("<wbr>", "") for a in re.findall(r"<tr><td><code>(.*?)</code>", sec)]
     assert names == ["Torch.exp", "Functional.gelu", "Torch.add"]
     assert "0.8\u00d7" in sec and "0.25\u00d7" in sec
+    # one plot of every API's margin against its threshold, also when nothing is flagged
+    assert len(decoded_pngs(sec)) == 1 and 'alt="worst error per API relative to its threshold"' in sec
 
 
 def test_the_config_chips_show_fuzz_device_only_where_it_matters(tmp_path):

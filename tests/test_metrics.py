@@ -83,6 +83,24 @@ def test_ratio_threshold_per_dtype(name, expected):
     assert th.ratio_threshold(name, "no_change") == 1.0
 
 
+@pytest.mark.parametrize("name", th.FLOAT_DTYPES)
+def test_dtype_facts_agree_with_the_frameworks_finfo(name):
+    """Machine epsilon and the smallest normal number follow from the format table; a wrong
+    significand width or exponent there would move every ulp figure and threshold."""
+    info = torch.finfo(getattr(torch, name))
+    assert th.MACHINE_EPS[name] == info.eps
+    assert th.SMALLEST_NORMAL[name] == info.tiny
+    assert th.machine_eps(name) == info.eps
+
+
+def test_per_dtype_limits_in_ulps_are_whole_ulps_of_their_dtype():
+    """The half dtypes' scaled limits are 4 (forward) and 16 (backward) ulps of the dtype."""
+    for name in th.HALF_DTYPES:
+        assert th.SCALED_THRESHOLD[name] / th.MACHINE_EPS[name] == 4.0
+        assert th.DISPATCH_SCALED_THRESHOLD[name] / th.MACHINE_EPS[name] == 4.0
+        assert th.SCALED_BACKWARD_THRESHOLD[name] / th.MACHINE_EPS[name] == 16.0
+
+
 def test_single_benchmark_thresholds_match_spec_table():
     for name, rtol in {"float32": 2.0**-14, "float16": 2.0**-11, "bfloat16": 2.0**-8}.items():
         lim = th.single_benchmark_threshold(name)

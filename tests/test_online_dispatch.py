@@ -1,4 +1,4 @@
-"""online_dispatch (issue 5): PtdbgDispatch on the CPU, checked against a float64 reference."""
+"""online_dispatch: PtdbgDispatch on the CPU, checked against a float64 reference."""
 
 from __future__ import annotations
 
@@ -126,6 +126,12 @@ def test_every_argument_is_validated(tmp_path, kwargs, key):
 def test_api_list_typo_gets_a_suggestion(tmp_path):
     with pytest.raises(ConfigError, match='did you mean "matmul"'):
         PtdbgDispatch(dump_mode="list", api_list=["matmull"], dump_path=str(tmp_path))
+
+
+@pytest.mark.parametrize("dump_mode, hint", [("off", 'did you mean "OFF"'), ("atuo", 'did you mean "auto"')])
+def test_dump_mode_typo_gets_a_suggestion(tmp_path, dump_mode, hint):
+    with pytest.raises(ConfigError, match=hint):
+        PtdbgDispatch(dump_mode=dump_mode, dump_path=str(tmp_path))
 
 
 def test_unwritable_dump_path(tmp_path):
@@ -404,7 +410,7 @@ def test_noise_floor_formula():
 
 
 def _attention_key_bias(tmp_path, dump_mode="auto"):
-    """The trap of issue 5: the key projection's bias gradient is zero in exact arithmetic
+    """The trap a literal rule falls into: the key projection's bias gradient is zero in exact arithmetic
     (softmax is shift-invariant), so the device and the float64 reference both hold rounding
     noise; with these shapes and seed the literal rule sees Cosine ~0.897 and MaxAbsErr ~4e-11."""
     torch.manual_seed(1)
@@ -618,7 +624,7 @@ def test_figures_from_parts_equal_the_device_figures_bit_for_bit(case):
 
 def test_api_list_accepts_an_aten_op_this_process_never_touched():
     """dir(torch.ops.aten) lists only the packets already loaded: validation must not depend on
-    what ran before (issue 18). A fresh interpreter, an op nothing has called."""
+    what ran before. A fresh interpreter, an op nothing has called."""
     import subprocess
     import sys
 

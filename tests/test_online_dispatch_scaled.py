@@ -1,4 +1,4 @@
-"""online_dispatch's scaled rule (issue 13 part 2): a dtype-aware verdict next to msprobe's rule.
+"""online_dispatch's scaled rule: a dtype-aware verdict next to msprobe's rule.
 
 The documented rule (Cosine / MaxAbsErr) is blind to an fp32 kernel that computes in reduced
 precision and to a small scale error; the scaled rule (the error at the output's scale, in ulps

@@ -34,16 +34,7 @@ def test_msprobe_compatible_top_level_names_load_lazily():
     assert "torch" not in mods
 
 
-def test_moved_modules_keep_their_old_import_names():
-    """pytest_msprobe's modules are grouped by what they serve (api/, golden/, reports/); the flat
-    names users imported stay importable and are the same module objects (issue 18)."""
-    import importlib
-
-    moved = {"api_inputs": "api.inputs", "api_marker": "api.marker", "strategies": "api.strategies",
-             "golden_checks": "golden.checks", "golden_kinds": "golden.kinds", "reporting": "reports.text",
-             "html_report": "reports.html", "rank_report": "reports.ranks", "grad_report": "reports.grads"}
-    for old, new in moved.items():
-        assert importlib.import_module(f"pytest_msprobe.{old}") is importlib.import_module(f"pytest_msprobe.{new}")
+def test_the_golden_package_exports_its_store():
     from pytest_msprobe.golden import GoldenStore, validate_name
     from pytest_msprobe.golden.store import GoldenStore as Store
 

@@ -65,25 +65,71 @@ def test_reference_rule_skips_float32_improve_precision_as_msprobe(suite):
     assert "improve_precision under the reference rule has nothing to upcast in float32" in result.stdout.str()
 
 
+def collection_error(result) -> list[str]:
+    """The lines pytest prints under "ERROR collecting ...": what the user reads of a bad marker."""
+    lines = result.stdout.lines
+    start = next(i for i, line in enumerate(lines) if "ERROR collecting" in line)
+    end = next(i for i, line in enumerate(lines) if "short test summary info" in line)
+    return [line for line in lines[start + 1:end] if line.strip()]
+
+
 @pytest.mark.parametrize("marker, message", [
-    ('@pytest.mark.msprobe_api("torch.exp", dtypes=["float8"])', "dtypes entry 'float8'; allowed: float16"),
+    ('@pytest.mark.msprobe_api("torch.exp", dtypes=["float8"])',
+     "dtypes entry 'float8'; allowed: float16, bfloat16, float32, float64 (or bf16, fp16, half, fp32, float, fp64, "
+     "double, in any case)"),
+    ('@pytest.mark.msprobe_api("torch.exp", dtypes=["bfloat15"])', 'did you mean "bfloat16"'),
     ('@pytest.mark.msprobe_api("torch.exp", pert_modes=["loud"])', "pert_modes entry 'loud'; allowed: improve_precision"),
-    ('@pytest.mark.msprobe_api("torch.exp", example=3)', "unknown argument(s) ['example']"),
+    ('@pytest.mark.msprobe_api("torch.exp", example=3)', "unknown argument(s) ['example']; allowed: dtypes, examples"),
     ('@pytest.mark.msprobe_api()', "give exactly one API name"),
+    ('@pytest.mark.msprobe_api("torch.nn.functional.sofmax")', 'did you mean "torch.nn.functional.softmax"'),
+    ('@pytest.mark.msprobe_api("F.sofmax")', 'did you mean "F.softmax"'),
 ])
-def test_bad_marker_arguments_are_named(pytester, marker, message):
+def test_a_bad_marker_argument_fails_collection_in_one_line(pytester, marker, message):
     pytester.makepyfile(test_bad=f"import pytest\n\n{marker}\ndef test_x():\n    pass\n")
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
-    assert message in result.stdout.str() + result.stderr.str()
-    assert result.ret != 0
+    result.assert_outcomes(errors=1)
+    shown = collection_error(result)
+    assert len(shown) == 1, shown  # no traceback through pluggy and pytest's collection
+    assert shown[0].startswith("test_bad.py::test_x: @pytest.mark.msprobe_api") and message in shown[0], shown
 
 
-def test_unknown_api_fails_with_close_names(pytester):
-    pytester.makepyfile(test_unknown='import pytest\n\n@pytest.mark.msprobe_api("torch.nn.functional.sofmax")\n'
-                                     'def test_x():\n    pass\n')
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
-    result.assert_outcomes(failed=3)
-    assert "Functional.softmax" in result.stdout.str()
+def test_a_misspelt_api_is_suggested_in_the_users_spelling():
+    from pytest_msprobe.api.marker import MarkerError, cases_from_marker
+
+    with pytest.raises(MarkerError) as info:
+        cases_from_marker(pytest.mark.msprobe_api("torch.nn.functional.sofmax").mark)
+    text = str(info.value)
+    assert 'did you mean "torch.nn.functional.softmax"' in text and '"Functional.' not in text
+    with pytest.raises(MarkerError, match='did you mean "Functional.softmax"'):  # a catalog name gets catalog names
+        cases_from_marker(pytest.mark.msprobe_api("Functional.sofmax").mark)
+
+
+def test_dtype_aliases_name_the_canonical_dtypes():
+    from pytest_msprobe.api.marker import cases_from_marker
+
+    mark = pytest.mark.msprobe_api("torch.exp", dtypes=["bf16", "FP16", "half", "float", "fp32", "Double", "fp64",
+                                                        "bfloat16"]).mark
+    cases = cases_from_marker(mark)
+    # one test per canonical dtype, in the order first given, named canonically
+    assert [c.id for c in cases] == ["exp-bfloat16-improve_precision", "exp-float16-improve_precision",
+                                     "exp-float32-add_noise", "exp-float64-add_noise"]
+
+
+def test_a_test_marked_with_dtype_aliases_runs_in_the_canonical_dtypes(pytester):
+    pytester.makepyfile(test_alias='''
+import pytest
+
+@pytest.mark.msprobe_api("torch.exp", dtypes=["BF16", "half", "float"], examples=3)
+def test_exp(msprobe_api_case):
+    assert msprobe_api_case.dtype in ("bfloat16", "float16", "float32")
+''')
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-v")
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines_random([
+        "*test_alias.py::test_exp[[]exp-bfloat16-improve_precision[]] PASSED*",
+        "*test_alias.py::test_exp[[]exp-float16-improve_precision[]] PASSED*",
+        "*test_alias.py::test_exp[[]exp-float32-add_noise[]] PASSED*",
+    ])
 
 
 def test_fail_on_never_reports_and_xdist_merges(suite):

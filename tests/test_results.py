@@ -3,6 +3,7 @@ and the `python -m probes summary` command line that reads them."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -126,3 +127,46 @@ def test_summary_command_line(tmp_path, capsys):
     frame = pd.read_csv(tmp_path / "tables" / "grad_stats.csv")
     assert set(frame["step"]) == {0, 1} and not math.isnan(frame["value"].iloc[0])
     assert cli(["summary", str(tmp_path / "missing")]) == 2
+
+
+def _fb_csv(folder, rows):
+    from probes.core.records import FREE_BENCHMARK_COLUMNS
+
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = [",".join(FREE_BENCHMARK_COLUMNS)]
+    lines += [f"0,add_noise,forward,0,{name},{max_rel},torch.float32,[2],0" for name, max_rel in rows]
+    (folder / "free_benchmark.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def test_summary_says_what_the_latest_session_found(tmp_path, capsys):
+    """The session's counts and flagged checks as its report shows them; a per-API check's search
+    examples and the tests of earlier sessions are not findings; the catalogue's regressions first."""
+    session = {
+        "tool": "free_benchmark", "date": "2026-12-01 10:00:00 UTC",
+        "session": {"tests": 4, "passed": 2, "failed": 2},
+        "tests": {"t.py::model": {"flagged_apis": ["Torch.exp"]}, "t.py::clean": {"flagged_apis": []}},
+        "api_checks": [{"test": "t.py::test_gelu[float32-add_noise]", "api": "torch.nn.functional.gelu",
+                        "dtype": "float32", "pert_mode": "add_noise", "flagged": "max_rel 0.001 > 0.0002"},
+                       {"test": "t.py::test_relu[float32-add_noise]", "api": "torch.nn.functional.relu",
+                        "dtype": "float32", "pert_mode": "add_noise", "flagged": None}],
+        "catalogue": [{"api": "Torch.add", "dtype": "float32", "status": "accepted", "max_ulp": 30.0},
+                      {"api": "Torch.mm", "dtype": "float32", "status": "regressed", "max_ulp": 20.0,
+                       "message": "max 20 ulps > golden 9"}],
+    }
+    (tmp_path / "summary.json").write_text(json.dumps(session), encoding="utf-8")
+    _fb_csv(tmp_path / "tests" / folder_of_test("t.py::model"), [("Torch.exp.3.forward", 0.01), ("Torch.exp.3.forward", 0.02),
+                                                                  ("Torch.exp.7.forward", 0.005)])
+    _fb_csv(tmp_path / "tests" / folder_of_test("t.py::test_gelu[float32-add_noise]"),
+            [(f"Functional.gelu.{i}.forward", 0.001) for i in range(30)])
+    _fb_csv(tmp_path / "tests" / folder_of_test("t.py::removed_since"), [("Torch.log.1.forward", 9.0)])
+    assert cli(["summary", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "4 tests: 2 passed, 2 failed" in out
+    assert "free_benchmark: 2 tests under the probe, 1 with inconsistent APIs" in out and "t.py::model: Torch.exp" in out
+    assert "per-API checks: 2 run, 1 flagged" in out
+    assert "torch.nn.functional.gelu [float32, add_noise]: max_rel 0.001 > 0.0002" in out
+    assert "Torch.exp: 2 inconsistent calls, worst max_rel 0.02" in out  # calls, not rows
+    assert "Functional.gelu:" not in out and "Torch.log" not in out
+    assert "30 rows of the per-API checks' Hypothesis searches" in out and "1 of tests of earlier sessions" in out
+    catalogue = out.split("catalogue: 2 API x dtype: ", 1)[1]
+    assert catalogue.startswith("1 regressed, 1 accepted") and "Torch.mm float32: regressed" in catalogue

@@ -39,6 +39,18 @@ def run(config: dict, fn):
 # --- the measure ---------------------------------------------------------------------------------
 
 
+def test_the_smallest_scale_is_the_one_of_the_dtype_named_by_its_eps():
+    """The measure's floor per dtype, looked up by the machine epsilon callers pass; an epsilon of
+    no known dtype falls back by its size."""
+    for name, eps in th.MACHINE_EPS.items():
+        assert scaled.smallest_scale(eps) == scaled.SMALLEST_SCALE[name]
+        assert scaled.SMALLEST_SCALE[name] >= th.SMALLEST_NORMAL[name]  # never below the normal range
+        assert scaled.scaled_threshold_for_eps(eps) == th.SCALED_THRESHOLD[name]
+    assert scaled.smallest_scale(1e-12) == scaled.SMALLEST_SCALE["float64"]
+    assert scaled.smallest_scale(1e-3) == scaled.SMALLEST_SCALE["float32"]
+    assert scaled.scaled_threshold_for_eps(1e-3) == th.SCALED_THRESHOLD_DEFAULT
+
+
 def test_correctly_rounded_results_score_at_most_half_an_ulp():
     torch.manual_seed(0)
     exact = torch.randn(64, 128, dtype=torch.float64) * torch.logspace(-3, 3, 128, dtype=torch.float64)

@@ -1,4 +1,4 @@
-"""The three tools on the simulated NPU (issue 15): device tensors, no float64 on the device,
+"""The three tools on the simulated NPU: device tensors, no float64 on the device,
 torch_npu's fused operators with no CPU kernel, host transfers counted.
 
 Every probe runs with ``strict: True`` here, so a probe that asks the device for float64 (the

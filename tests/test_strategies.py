@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from probes.core.errors import ConfigError
 from pytest_msprobe.api import strategies as S
+from pytest_msprobe.api.exact_tensors import round_inward, round_to_bf16
 from pytest_msprobe.api.inputs import API_TABLE, api_inputs, api_spec, canonical_name, known_apis, resolve_api
 from pytest_msprobe.api.strategies import shapes, tensors
 
@@ -67,13 +68,13 @@ def test_bfloat16_values_are_float32_with_zero_low_16_bits():
 
 def test_bfloat16_rounding_of_float32_is_to_nearest_and_inside_the_bounds():
     # 0.1 is not a bf16 value: the bounds round inwards to the bf16 values just inside
-    assert S._round_inward("bfloat16", 0.1, up=True) == 0.10009765625
-    assert S._round_inward("bfloat16", 0.1, up=False) == 0.099609375
-    assert S._round_inward("bfloat16", -0.1, up=True) == -0.099609375
-    assert S._round_inward("float16", 0.1, up=True) == 0.10003662109375
-    assert S._round_inward("float16", 0.5, up=True) == 0.5
+    assert round_inward("bfloat16", 0.1, up=True) == 0.10009765625
+    assert round_inward("bfloat16", 0.1, up=False) == 0.099609375
+    assert round_inward("bfloat16", -0.1, up=True) == -0.099609375
+    assert round_inward("float16", 0.1, up=True) == 0.10003662109375
+    assert round_inward("float16", 0.5, up=True) == 0.5
     a = np.array([1.0, 1.00390625, 1.01171875, 3.0e38], dtype=np.float32)  # ties go to even
-    assert S._round_to_bf16(a.copy()).tolist()[:3] == [1.0, 1.0, 1.015625]
+    assert round_to_bf16(a.copy()).tolist()[:3] == [1.0, 1.0, 1.015625]
 
 
 def test_elements_that_bfloat16_cannot_hold_are_refused_by_name():
@@ -169,8 +170,18 @@ def test_torch_dtype_and_name_give_the_same_kind_of_tensor():
     assert S.dtype_name(torch.float16) == "float16" and S.dtype_name(np.float32) == "float32"
 
 
+def test_dtype_aliases_give_the_canonical_dtype():
+    aliases = {"bf16": torch.bfloat16, "BF16": torch.bfloat16, "fp16": torch.float16, "half": torch.float16,
+               "fp32": torch.float32, "float": torch.float32, "FLOAT32": torch.float32, "fp64": torch.float64,
+               "double": torch.float64}
+    for alias, dtype in aliases.items():
+        assert S.dtype_name(alias) == str(dtype).replace("torch.", "")
+        x = find(tensors(alias, shape=(2,)), lambda t: True, settings=SEARCH)
+        assert x.dtype == dtype, alias
+
+
 def test_bad_dtype_framework_shape_and_device_name_the_argument():
-    with pytest.raises(ConfigError, match=r"dtype='flaot16'.*did you mean float16"):
+    with pytest.raises(ConfigError, match=r'dtype=\'flaot16\'.*did you mean "float16"'):
         tensors("flaot16")
     with pytest.raises(ConfigError, match="framework='jax'"):
         tensors("float16", framework="jax")
@@ -230,6 +241,17 @@ def test_importing_the_strategies_imports_no_framework():
     code = ("import sys; import pytest_msprobe.api.strategies, pytest_msprobe.api.inputs; "
             "assert 'torch' not in sys.modules and 'mindspore' not in sys.modules, sorted(sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_tensor_module_is_a_leaf_and_the_input_table_needs_only_it():
+    # each module imported alone: a cycle would load the other module of the pair too
+    code = ("import sys; import pytest_msprobe.api.{0}; "
+            "loaded = sorted(m for m in sys.modules if m.startswith('pytest_msprobe.api.')); "
+            "assert loaded == {1!r}, loaded")
+    for module, loaded in [("exact_tensors", ["pytest_msprobe.api.exact_tensors"]),
+                           ("inputs", ["pytest_msprobe.api.exact_tensors", "pytest_msprobe.api.inputs"])]:
+        subprocess.run([sys.executable, "-c", code.format(module, loaded)], check=True)
+    assert S.api_inputs is api_inputs and S.tensors is tensors  # the public module gathers both
 
 
 # ------------------------------------------------------------------------------------------------
@@ -315,7 +337,7 @@ def test_an_unknown_api_names_itself_the_close_ones_and_the_way_out():
     with pytest.raises(ConfigError) as info:
         api_inputs("torch.nn.functional.sofmax", "float16")
     message = str(info.value)
-    assert "sofmax" in message and "Functional.softmax" in message
+    assert "sofmax" in message and 'did you mean "torch.nn.functional.softmax"' in message  # the user's spelling
     assert "kwargs=" in message and "form=" in message and "strategy" in message
 
 

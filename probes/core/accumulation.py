@@ -34,6 +34,9 @@ limit that grows with sqrt(K): its ratio falls with K (for TF32, measured 7,000 
 1,024, 25 at 4,096) but stays far above a correct kernel's at the lengths the catalogue measures
 (at most 1,024 terms).
 
+The ratio's limit (RATIO_LIMIT) is defined here, beside the bound it is counted in (it means
+nothing apart from it); the dtypes' formats come from probes/core/thresholds.py.
+
 Framework-free (numpy): the caller computes the magnitudes with its framework, in float64.
 """
 
@@ -41,7 +44,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from probes.core.ulps import MIN_EXPONENT, PRECISION, round_to
+from probes.core.thresholds import MIN_EXPONENT, SIGNIFICAND_BITS
+from probes.core.ulps import round_to
 
 # the dtype a correct kernel accumulates a sum of D values in
 ACCUMULATES_IN = {"float16": "float32", "bfloat16": "float32", "float32": "float32", "float64": "float64"}
@@ -59,7 +63,7 @@ RATIO_LIMIT = {"float16": 4.0, "bfloat16": 4.0, "float32": 4.0, "float64": 4.0}
 
 def unit_roundoff(dtype_name: str) -> float:
     """u = 2^-p: half the spacing of D at 1 (p counts the implicit bit)."""
-    return 2.0 ** -PRECISION[dtype_name]
+    return 2.0 ** -SIGNIFICAND_BITS[dtype_name]
 
 
 def accumulation_ratio(out: np.ndarray, ref: np.ndarray, magnitude: np.ndarray, length: np.ndarray | float,
@@ -67,8 +71,8 @@ def accumulation_ratio(out: np.ndarray, ref: np.ndarray, magnitude: np.ndarray, 
     """Per-element ratio (module docstring) of `out` (D values as float64) against the float64
     `ref`, given the terms' magnitude `m` and their number `K` (arrays of the output's shape, or a
     scalar K)."""
-    if dtype_name not in PRECISION:
-        raise ValueError(f"dtype {dtype_name!r}: the test ratio is defined for {', '.join(PRECISION)}")
+    if dtype_name not in SIGNIFICAND_BITS:
+        raise ValueError(f"dtype {dtype_name!r}: the test ratio is defined for {', '.join(SIGNIFICAND_BITS)}")
     out = np.asarray(out, dtype=np.float64).reshape(-1)
     ref = np.asarray(ref, dtype=np.float64).reshape(-1)
     if out.size == 0:
@@ -78,7 +82,7 @@ def accumulation_ratio(out: np.ndarray, ref: np.ndarray, magnitude: np.ndarray, 
     rounded = round_to(ref, dtype_name)
     finite_ref = np.isfinite(rounded)
     safe_ref = np.where(finite_ref, ref, 0.0)
-    tiny = 0.5 * 2.0 ** (MIN_EXPONENT[dtype_name] - (PRECISION[dtype_name] - 1))
+    tiny = 0.5 * 2.0 ** (MIN_EXPONENT[dtype_name] - (SIGNIFICAND_BITS[dtype_name] - 1))
     with np.errstate(invalid="ignore", over="ignore"):
         limit = (unit_roundoff(dtype_name) * np.abs(safe_ref)
                  + np.sqrt(length) * unit_roundoff(ACCUMULATES_IN[dtype_name]) * np.where(finite_ref, magnitude, 0.0)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import bisect
 import copy
-import difflib
 import json
 import math
 import os
@@ -37,6 +36,8 @@ from types import MappingProxyType
 from typing import Any, Union
 
 from probes.core.errors import ConfigError
+from probes.core.hints import did_you_mean
+from probes.core.rules import FREE_BENCHMARK_RULES
 
 __all__ = [
     "ADD_NOISE_STYLES",
@@ -66,8 +67,6 @@ FUZZ_DEVICES = ("npu", "cpu")
 FUZZ_LEVELS = ("L1",)
 LEVELS = ("L0", "L1", "L2", "mix", "debug")
 ADD_NOISE_STYLES = ("ulp", "reference")
-#: free_benchmark verdicts: msprobe's element-wise ratio rule, or the scale-aware rule (probes/core/scaled.py).
-RULES = ("reference", "scaled")
 GRAD_LEVELS = ("L0", "L1", "L2")
 
 #: Keys of the ``"grad_probe"`` section (msprobe's).
@@ -261,14 +260,8 @@ def _type_name(value: object) -> str:
 
 
 def _suggest(value: object, allowed: tuple[str, ...]) -> str:
-    """A "did you mean" hint for near-miss strings (wrong case, typos)."""
-    if not isinstance(value, str):
-        return ""
-    lowered = {a.lower(): a for a in allowed}
-    if value.strip().lower() in lowered:
-        return f'did you mean "{lowered[value.strip().lower()]}"?'
-    close = difflib.get_close_matches(value, allowed, n=1)
-    return f'did you mean "{close[0]}"?' if close else ""
+    """The hint of a config error: one suggestion, since a key or a choice has one right spelling."""
+    return did_you_mean(value, allowed, n=1) if isinstance(value, str) else ""
 
 
 def _one_of(allowed: tuple[str, ...]) -> str:
@@ -559,7 +552,7 @@ def _free_benchmark(fb: Mapping[Any, Any]) -> FreeBenchmarkConfig:
         add_noise_style=_choice(
             p + "add_noise_style", fb.get("add_noise_style"), ADD_NOISE_STYLES, d.add_noise_style
         ),
-        rule=_choice(p + "rule", fb.get("rule"), RULES, d.rule),
+        rule=_choice(p + "rule", fb.get("rule"), FREE_BENCHMARK_RULES, d.rule),
         compiled_first=non_negative_int(p + "compiled_first", fb.get("compiled_first"), d.compiled_first),
         compiled_every=non_negative_int(p + "compiled_every", fb.get("compiled_every"), d.compiled_every),
     )

@@ -26,6 +26,10 @@ The documented rule is blind to a relative error whose absolute size stays small
 computing in TF32: relative error 1e-3, Cosine 0.999999, MaxAbsErr 1e-3); the scaled rule is not.
 ``judge(rule=...)`` applies either or both ("both", the default: a leaf fails when either fails);
 the noise floor passes a leaf under both.
+
+The documented rule's limits and the noise floor's width are defined here, once (they belong to
+this comparison alone); the scaled rule's limit is with the other per-dtype limits in
+probes/core/thresholds.py, and the rule names in probes/core/rules.py.
 """
 
 from __future__ import annotations
@@ -34,8 +38,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from probes.core import metrics, scaled
-from probes.core.thresholds import dispatch_scaled_threshold
+from probes.core import metrics, rules, scaled
+from probes.core.thresholds import FLOAT_DTYPES, MACHINE_EPS, dispatch_scaled_threshold
 
 # The documented rule, by name.
 COS_THRESHOLD = 0.99
@@ -44,13 +48,11 @@ COS_MAX_THRESHOLD = 0.9
 MAX_ABS_ERR_MAX_THRESHOLD = 1.0
 # Cosines above this are reported as 1.0; norms at or below FLOAT64_EPS count as all-zero data.
 COSINE_ONE_ABOVE = 0.99999
-FLOAT64_EPS = 2.220446049250313e-16
+FLOAT64_EPS = MACHINE_EPS["float64"]
 
 # The noise floor: a difference within this many units of the device dtype's machine epsilon,
 # scaled by the op's magnitudes (see the module docstring), is rounding, not a defect.
 NOISE_FLOOR_ULPS = 8.0
-DTYPE_EPS = {"float16": 2.0**-10, "bfloat16": 2.0**-7, "float32": 2.0**-23, "float64": 2.0**-52}
-FLOAT_DTYPE_NAMES = ("float16", "bfloat16", "float32", "float64")
 
 # Values of the "Accuracy Reached or Not" column.
 YES, NO, UNMATCHED, NAN = "Yes", "No", "Unmatched", "Nan"
@@ -73,9 +75,6 @@ FIGURE_COUNT = 6
 SCALED = FIGURE_COUNT
 LEAF_FIGURE_COUNT = FIGURE_COUNT + 1
 NOT_MEASURED = -1.0  # the scaled figure's value when the caller skipped it (rule="reference")
-# The verdict rules (judge's `rule`): the documented one, the scaled one, or a failure of either.
-RULE_REFERENCE, RULE_SCALED, RULE_BOTH = "reference", "scaled", "both"
-RULES = (RULE_BOTH, RULE_REFERENCE, RULE_SCALED)
 # Layout of the statistics vector of one leaf (the CSV's max/min/mean): max, min, sum, finite count.
 STAT_COUNT = 4
 # Layout of the single-benchmark vector (the figures msprobe 8.3.3 actually computed).
@@ -264,7 +263,7 @@ def finite_abs_max(stats_max: float, stats_min: float) -> float:
 
 def noise_floor(dtype_name: str, scale: float, reduction: float) -> float:
     """The absolute difference below which a leaf of this device dtype passes (module docstring)."""
-    eps = DTYPE_EPS.get(dtype_name)
+    eps = MACHINE_EPS.get(dtype_name)
     if eps is None or not math.isfinite(scale):
         return 0.0
     return NOISE_FLOOR_ULPS * eps * scale * math.sqrt(max(1.0, reduction))
@@ -316,17 +315,17 @@ def rule_fails(cosine: float, max_abs_err: float) -> bool:
 def rule_label(reference_failed: bool, scaled_failed: bool) -> str:
     """The FailedRule value: which rule(s) failed a leaf."""
     if reference_failed and scaled_failed:
-        return RULE_BOTH
-    return RULE_REFERENCE if reference_failed else (RULE_SCALED if scaled_failed else "")
+        return rules.BOTH
+    return rules.REFERENCE if reference_failed else (rules.SCALED if scaled_failed else "")
 
 
 def scaled_ulps(figure: float, dtype_name: str) -> float | str:
     """The scaled figure in ulps (units of the dtype's machine epsilon); "" for non-float dtypes."""
-    eps = DTYPE_EPS.get(dtype_name)
+    eps = MACHINE_EPS.get(dtype_name)
     return "" if eps is None else figure / eps
 
 
-def judge(figures: list[float], numel: int, dtype_name: str, floor: float, rule: str = RULE_BOTH,
+def judge(figures: list[float], numel: int, dtype_name: str, floor: float, rule: str = rules.BOTH,
           scaled_applies: bool = True) -> LeafVerdict:
     """Verdict of one leaf from the host copy of its figures.
 
@@ -342,9 +341,9 @@ def judge(figures: list[float], numel: int, dtype_name: str, floor: float, rule:
     count = figures[FINITE_COUNT]
     max_abs = max_abs_err(figures)
     max_rel: float | str = ""  # evidence, measured for failing leaves by the caller
-    use_reference = rule in (RULE_REFERENCE, RULE_BOTH)
-    use_scaled = rule in (RULE_SCALED, RULE_BOTH)
-    exact = dtype_name not in FLOAT_DTYPE_NAMES
+    use_reference = rule in (rules.REFERENCE, rules.BOTH)
+    use_scaled = rule in (rules.SCALED, rules.BOTH)
+    exact = dtype_name not in FLOAT_DTYPES
     figure = figures[SCALED] if len(figures) > SCALED and scaled_applies and not exact else None
     if figure is not None and figure < 0.0:  # NOT_MEASURED
         figure = None
@@ -379,7 +378,7 @@ def judge(figures: list[float], numel: int, dtype_name: str, floor: float, rule:
     threshold = dispatch_scaled_threshold(dtype_name)
     scaled_fail = use_scaled and figure is not None and threshold is not None and figure > threshold
     if scaled_fail:
-        messages.append(f"scaled error {ulps:.4g} ulp > {threshold / DTYPE_EPS[dtype_name]:.4g} ulp")
+        messages.append(f"scaled error {ulps:.4g} ulp > {threshold / MACHINE_EPS[dtype_name]:.4g} ulp")
     if max_abs <= floor:
         if literal_fail or scaled_fail:
             messages.append(f"within the rounding-noise floor {floor:.3e}")
@@ -390,7 +389,9 @@ def judge(figures: list[float], numel: int, dtype_name: str, floor: float, rule:
 
 
 def format_figure(value: float | str) -> str:
-    """12-decimal rendering of Cosine / MaxAbsErr / MaxRelativeErr (as documented); words verbatim."""
+    """A figure as the CSV holds it: 12 decimals, the format msprobe's online_dispatch documents and
+    its readers parse, so not the short rendering of reports (probes.core.number_format); words
+    verbatim."""
     if isinstance(value, str):
         return value
     if math.isnan(value):

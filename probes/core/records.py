@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from probes.core.number_format import short_number
+
 FREE_BENCHMARK_COLUMNS = ("rank", "pert_mode", "stage", "step", "api_name", "max_rel", "dtype", "shape", "output_index")
 
 
@@ -40,10 +42,6 @@ class FreeBenchmarkRow:
         return d
 
 
-def _fmt(v: Any) -> str:
-    return f"{v:.4g}" if isinstance(v, float) else str(v)
-
-
 def rule_figures(detail: dict[str, Any]) -> str:
     """Both rules' view of a flagged leaf judged by the scaled rule, for failure messages:
     its error in ulps of the output dtype at the output's scale, and what msprobe's ratio rule
@@ -53,13 +51,13 @@ def rule_figures(detail: dict[str, Any]) -> str:
     parts = []
     if "ulps" in detail:
         where = "of each element (a pointwise API)" if detail.get("scale") == "element" else "at the output's scale"
-        parts.append(f"{_fmt(float(detail['ulps']))} ulps {where}")
+        parts.append(f"{short_number(float(detail['ulps']))} ulps {where}")
     if detail.get("input_move"):
-        parts.append(f"input moved {_fmt(float(detail['input_move']))} at its scale")
+        parts.append(f"input moved {short_number(float(detail['input_move']))} at its scale")
     ref = detail.get("reference_max_rel")
     if ref is not None:
         verdict = "flagged" if detail.get("reference_consistent") is False else "passed"
         limit = detail.get("reference_threshold")
-        parts.append(f"msprobe's ratio rule: max_rel {_fmt(ref)}" + (f" vs {_fmt(limit)}" if limit is not None else "")
-                     + f", {verdict}")
+        against = f" vs {short_number(limit)}" if limit is not None else ""
+        parts.append(f"msprobe's ratio rule: max_rel {short_number(ref)}{against}, {verdict}")
     return "; ".join(parts)

@@ -35,6 +35,9 @@ The result of a correctly rounded kernel is at most half an ulp (eps/2) by this 
 thresholds read naturally in ulps of the output dtype (probes/core/thresholds.py). Non-finite
 elements are matched by identity (the same infinity, NaN against NaN) and counted otherwise,
 never masked (msprobe's ratio rule counted NaN as agreeing, so a new NaN went unreported).
+
+The measure's own parameters are defined here (MIN_ROW, ROW_FLOOR_ULPS, SMALLEST_SCALE): they
+shape what is measured; the limits a figure is judged against are in thresholds.py.
 """
 
 from __future__ import annotations
@@ -43,12 +46,19 @@ import math
 from typing import Any
 
 from probes.core import metrics
+from probes.core import thresholds as th
 from probes.core.metrics import CHUNK_ELEMENTS
 
 MIN_ROW = 16
 # ulps of the tensor's scale a structurally zero row may hold as rounding noise (measured: 19 in
 # the fp32 query gradient of causal attention with 32-wide heads; grows with the reduction length)
 ROW_FLOOR_ULPS = 256.0
+# The smallest scale an output of each dtype is judged at: about the dtype's smallest normal
+# number (float16's exactly; for the others a power of ten above it). Below it the dtype's
+# spacing is absolute: fp16's subnormals below 6.1e-5 would otherwise score up to 1024 ulps.
+SMALLEST_SCALE = {"float16": 2.0**-14, "bfloat16": 1e-37, "float32": 1e-37, "float64": 1e-300}
+# callers pass the output dtype's machine epsilon, which names the dtype
+_DTYPE_OF_EPS = {eps: name for name, eps in th.MACHINE_EPS.items()}
 # the figures per leaf: [max scaled error, nan mismatches, inf mismatches]
 SCALED_COUNT = 3
 
@@ -207,9 +217,10 @@ def finish_bound(figures: list[float], eps: float, floor: float | None = None) -
 
 
 def smallest_scale(eps: float) -> float:
-    """The smallest scale anything is judged at: the dtype's smallest normal number (below it the
-    dtype's spacing is absolute: fp16's subnormals below 6.1e-5 would otherwise score up to 1024 ulps)."""
-    return 1e-300 if eps < 1e-10 else (2.0**-14 if eps == 2.0**-10 else 1e-37)
+    """SMALLEST_SCALE of the dtype whose machine epsilon is `eps` (an epsilon of no known dtype
+    counts as float64's when below 1e-10, else as float32's)."""
+    name = _DTYPE_OF_EPS.get(eps) or ("float64" if eps < 1e-10 else "float32")
+    return SMALLEST_SCALE[name]
 
 
 def error_bound(max_abs_err: float, tensor_rms: float, eps: float, floor: float | None = None) -> float:
@@ -224,12 +235,8 @@ def error_bound(max_abs_err: float, tensor_rms: float, eps: float, floor: float 
 
 def scaled_threshold_for_eps(eps: float) -> float:
     """The scaled rule's base threshold of the dtype whose machine epsilon is `eps`."""
-    from probes.core import thresholds as th
-
-    for name, e in th.MACHINE_EPS.items():
-        if e == eps:
-            return th.SCALED_THRESHOLD.get(name, th.SCALED_THRESHOLD_DEFAULT)
-    return th.SCALED_THRESHOLD_DEFAULT
+    name = _DTYPE_OF_EPS.get(eps)
+    return th.SCALED_THRESHOLD.get(name, th.SCALED_THRESHOLD_DEFAULT) if name else th.SCALED_THRESHOLD_DEFAULT
 
 
 def finish(figures: list[float]) -> tuple[float, bool, bool]:

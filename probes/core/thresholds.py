@@ -1,7 +1,14 @@
-"""The numbers users read in the docs, each defined once, by name.
+"""The numbers users read in the docs, each defined once, by name: the limits of the probes'
+verdict rules, and the facts of the floating dtypes they are expressed in.
 
 Keys are framework-neutral dtype names ("float16", "bfloat16", "float32", "float64"); the
 backends translate their own dtypes to these names.
+
+A limit that means something only with one measure is defined with that measure, whose docstring
+says so: online_dispatch's documented Cosine / MaxAbsErr rule and its noise floor
+(probes/core/dispatch_metrics.py), the accumulation test ratio's limit (probes/core/accumulation.py),
+the scaled error's row floor (probes/core/scaled.py), the goldens' margins
+(pytest_msprobe/golden/kinds.py) and the API catalogue's gate (pytest_msprobe/catalogue/gate.py).
 """
 
 from __future__ import annotations
@@ -11,21 +18,20 @@ from dataclasses import dataclass
 HALF_DTYPES = ("float16", "bfloat16")
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
+# Each float dtype's format: significand bits p (with the implicit one) and smallest normal
+# exponent emin. Everything else about the dtypes follows from these two.
+SIGNIFICAND_BITS = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}
+MIN_EXPONENT = {"float16": -14, "bfloat16": -126, "float32": -126, "float64": -1022}
+# Machine epsilon 2^(1-p), the spacing of the dtype at 1: the unit of every figure in ulps.
+MACHINE_EPS = {name: 2.0 ** (1 - p) for name, p in SIGNIFICAND_BITS.items()}
+
 # free_benchmark: the noise value v per dtype (msprobe's). It is also the minimum-magnitude gate of
 # add_noise/bit_noise and, as sqrt(v), the clamp floor of the ratio metric in the forward stage.
 NOISE_VALUE = {"bfloat16": 1e-4, "float16": 1e-6, "float32": 1e-8, "float64": 1e-16}
 NOISE_VALUE_DEFAULT = 1e-8
 
-# Smallest positive normal number per dtype: bit_noise leaves zeros and subnormals alone.
-SMALLEST_NORMAL = {
-    "bfloat16": 1.1754943508222875e-38,
-    "float16": 6.103515625e-05,
-    "float32": 1.1754943508222875e-38,
-    "float64": 2.2250738585072014e-308,
-}
-
-# Width of the signed integer that shares a dtype's bits (for bit views).
-BIT_VIEW_INT = {"bfloat16": "int16", "float16": "int16", "float32": "int32", "float64": "int64"}
+# Smallest positive normal number 2^emin per dtype: bit_noise leaves zeros and subnormals alone.
+SMALLEST_NORMAL = {name: 2.0**emin for name, emin in MIN_EXPONENT.items()}
 
 # msprobe's ratio rule: an output is consistent when 1/T <= ratio <= T.
 # The documented "relative error thresholds" are T - 1: bf16 0.004, fp16 0.002, fp32/fp64 0.0002.
@@ -82,7 +88,8 @@ def single_benchmark_threshold(dtype_name: str) -> SingleBenchmarkThreshold:
 #   accumulating in bf16 over 64 terms scores 6.4 ulps, fp8-rounded inputs 17-19.
 # - float64 1e-10 (~450,000 ulps): not measurable on a CPU (its own reference); catches fp32 math
 #   behind a float64 API (~1e-7) and leaves room for another summation order.
-DISPATCH_SCALED_THRESHOLD = {"float32": 2e-4, "bfloat16": 4 * 2.0**-7, "float16": 4 * 2.0**-10, "float64": 1e-10}
+DISPATCH_SCALED_THRESHOLD = {"float32": 2e-4, "bfloat16": 4 * MACHINE_EPS["bfloat16"],
+                             "float16": 4 * MACHINE_EPS["float16"], "float64": 1e-10}
 
 
 def dispatch_scaled_threshold(dtype_name: str) -> float | None:
@@ -97,8 +104,7 @@ DIRECTION_MAX_DROP = 0.03
 
 
 # The scale-aware rule (probes/core/scaled.py; free_benchmark `"rule": "scaled"`): an output's
-# error at its own scale, relative, so a correctly rounded result scores at most EPS/2.
-MACHINE_EPS = {"bfloat16": 2.0**-7, "float16": 2.0**-10, "float32": 2.0**-23, "float64": 2.0**-52}
+# error at its own scale, relative, so a correctly rounded result scores at most MACHINE_EPS/2.
 # improve_precision / to_cpu / change_value: the most an output may differ at its scale.
 # - float32 and float64: msprobe's 0.0002 (about 1,700 fp32 ulps). An fp32 kernel computing in a
 #   reduced precision (TF32/HF32: 10-bit mantissas, 2^-11; bf16 math: 2^-8) is off by 5e-4 or more;
@@ -106,13 +112,14 @@ MACHINE_EPS = {"bfloat16": 2.0**-7, "float16": 2.0**-10, "float32": 2.0**-23, "f
 # - float16 / bfloat16: 4 ulps. A correctly rounded result scores 0.5; the clean kernels of a
 #   Llama training step in bf16 score at most 0.97 (attention), forward; the calibration is in
 #   README "The scaled rule".
-SCALED_THRESHOLD = {"bfloat16": 4.0 * 2.0**-7, "float16": 4.0 * 2.0**-10, "float32": 2e-4, "float64": 2e-4}
+SCALED_THRESHOLD = {"bfloat16": 4.0 * MACHINE_EPS["bfloat16"], "float16": 4.0 * MACHINE_EPS["float16"], "float32": 2e-4,
+                    "float64": 2e-4}
 SCALED_THRESHOLD_DEFAULT = 2e-4
 # The backward stage's gradients chain several roundings of the dtype (attention's dP, dS, dQ):
 # 16 ulps for half dtypes (measured: 6.8 ulps in a bf16 Llama's attention gradients), the same
 # relative threshold for float32/float64 (their clean gradients score under 20 fp32 ulps).
-SCALED_BACKWARD_THRESHOLD = {"bfloat16": 16.0 * 2.0**-7, "float16": 16.0 * 2.0**-10, "float32": 2e-4,
-                             "float64": 2e-4}
+SCALED_BACKWARD_THRESHOLD = {"bfloat16": 16.0 * MACHINE_EPS["bfloat16"], "float16": 16.0 * MACHINE_EPS["float16"],
+                             "float32": 2e-4, "float64": 2e-4}
 # add_noise / bit_noise: a well-conditioned API moves its outputs by about as much as its inputs
 # moved (both at their scales). The allowance is SCALED_THRESHOLD + NOISE_AMPLIFICATION x the
 # input's move, so an API is flagged when it amplifies a one-ulp input move more than this.

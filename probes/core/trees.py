@@ -12,10 +12,6 @@ from typing import Any
 Path = tuple[Any, ...]
 
 
-def is_container(x: Any) -> bool:
-    return isinstance(x, (list, tuple, dict))
-
-
 def iter_leaves(tree: Any, path: Path = ()) -> Iterator[tuple[Path, Any]]:
     """Depth-first leaves with their paths; dict values in insertion order."""
     if isinstance(tree, dict):

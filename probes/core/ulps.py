@@ -34,17 +34,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from probes.core.scaled import row_length
+from probes.core.thresholds import MIN_EXPONENT, SIGNIFICAND_BITS
 
-# significand bits (with the implicit one) and smallest normal exponent per dtype
-PRECISION = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}
-MIN_EXPONENT = {"float16": -14, "bfloat16": -126, "float32": -126, "float64": -1022}
-ULP_DTYPES = tuple(PRECISION)
+ULP_DTYPES = tuple(SIGNIFICAND_BITS)
 PERCENTILE = 99.0
 
 
 def spacing(x: np.ndarray, dtype_name: str) -> np.ndarray:
     """The ulp of D at |x| (float64 array), the subnormal spacing below D's normal range."""
-    p, emin = PRECISION[dtype_name], MIN_EXPONENT[dtype_name]
+    p, emin = SIGNIFICAND_BITS[dtype_name], MIN_EXPONENT[dtype_name]
     ax = np.abs(x)
     _, exp = np.frexp(ax)  # |x| = m * 2**exp, 0.5 <= m < 1: floor(log2|x|) = exp - 1
     exp = np.where(ax > 0.0, exp - 1, emin)  # frexp(0) has exponent 0: zero takes the subnormal step
@@ -68,7 +66,7 @@ def round_to(ref: np.ndarray, dtype_name: str) -> np.ndarray:
 def ulp_errors(out: np.ndarray, ref: np.ndarray, dtype_name: str) -> np.ndarray:
     """Per-element error of `out` (values of dtype D, as float64) against the float64 `ref`, in
     ulps of D (module docstring). Both have the output's shape."""
-    if dtype_name not in PRECISION:
+    if dtype_name not in SIGNIFICAND_BITS:
         raise ValueError(f"dtype {dtype_name!r}: ulps are defined for {', '.join(ULP_DTYPES)}")
     out = np.asarray(out, dtype=np.float64)
     ref = np.asarray(ref, dtype=np.float64)

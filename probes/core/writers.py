@@ -6,14 +6,14 @@ every row); the tools flush at least once per step so a crash loses at most one 
 
 from __future__ import annotations
 
-import collections
 import csv
 import json
 import math
 import os
 import threading
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -82,12 +82,16 @@ UMASK = process_umask()
 
 
 def write_text_atomic(path: str | os.PathLike, text: str, encoding: str = "utf-8", mode: int | None = None) -> Path:
+    """`write_bytes_atomic` of the encoded text."""
+    return write_bytes_atomic(path, text.encode(encoding), mode)
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes, mode: int | None = None) -> Path:
     """Write a file through a temporary file and a rename, so a reader never sees half a file. A
     few system calls: probes write one per step (the temporary's name is this process's and
     thread's own, so concurrent writers never share one)."""
     target = os.fspath(path)
     tmp = f"{target}.{os.getpid()}.{threading.get_ident()}.tmp"
-    data = text.encode(encoding)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
     perm = 0o666 if mode is None else mode
     try:
@@ -137,22 +141,19 @@ def read_csv_rows(path: str | os.PathLike) -> list[dict[str, str]]:
         return list(csv.DictReader(fh))
 
 
-def iter_files(root: str | os.PathLike, name: str) -> Iterable[Path]:
-    return sorted(Path(root).rglob(name))
-
-
 class BackgroundWriter:
     """File writes off the training thread when they are worth it, in submission order.
 
     A probe hands each step's writes over as one task with its size in bytes. A small task with
     nothing in flight runs at once, on the caller's thread: for a tiny model's step (a few KiB) the
     hand-off to a thread costs more than the write, and on two cores a thread switch can cost
-    Python's whole 5 ms switch interval. Anything else goes to a daemon thread that runs the tasks
-    in order; the caller never waits for an earlier step's write unless the bytes queued exceed
-    `max_pending` (the host memory a burst of large steps may hold). `flush` waits for everything
-    queued (probes call it at stop() and at interpreter exit), `close` also ends the thread, so
-    no thread of the probes outlives its run; a later task starts a new one. A task's exception is
-    kept and handed back by `flush`/`submit`/`close` (`errors`), never raised on the writer thread.
+    Python's whole 5 ms switch interval. Anything else goes to a one-thread executor, which runs
+    the tasks in order; the caller never waits for an earlier step's write unless the bytes queued
+    exceed `max_pending` (the host memory a burst of large steps may hold). `flush` waits for
+    everything queued (probes call it at stop() and at interpreter exit), `close` also ends the
+    thread, so no thread of the probes outlives its run; a later task starts a new one. A task's
+    exception is kept and handed back by `flush`/`submit`/`close` (`errors`), never raised on the
+    writer thread.
     """
 
     #: a task smaller than this runs on the caller's thread when nothing is queued (0: never)
@@ -165,57 +166,49 @@ class BackgroundWriter:
         self.inline_bytes = self.INLINE_BYTES if inline_bytes is None else inline_bytes
         self.max_pending = self.MAX_PENDING if max_pending is None else max_pending
         self._cond = threading.Condition()
-        self._tasks: collections.deque[Any] = collections.deque()
         self._pending = 0  # bytes of queued and running tasks
         self._busy = 0  # tasks queued or running
-        self._thread: Any = None
+        self._executor: ThreadPoolExecutor | None = None
         self.errors: list[BaseException] = []
         _WRITERS.add(self)
 
-    def _start(self) -> None:
-        if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(target=self._run, name=f"msprobe-{self.name}-writer", daemon=True)
-            self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._tasks:
-                    self._cond.wait()
-                task = self._tasks.popleft()
-            if task is None:  # close()
-                return
-            fn, args, size = task
-            try:
-                fn(*args)
-            except BaseException as exc:  # kept for the training thread, which decides what to do
-                self.errors.append(exc)
-            finally:
-                with self._cond:
-                    self._pending -= size
-                    self._busy -= 1
-                    self._cond.notify_all()
-
-    def submit(self, fn: Any, *args: Any, size: int = 0) -> list[BaseException]:
+    def submit(self, fn: Callable[..., object], *args: Any, size: int = 0) -> list[BaseException]:
         """Run `fn(*args)` now (small, nothing queued) or after the tasks queued before it; returns
         (and clears) the errors of tasks that finished since the last call."""
-        with self._cond:
-            idle = self._busy == 0
-        if idle and size < self.inline_bytes:
-            try:
-                fn(*args)
-            except BaseException as exc:  # reported like a queued task's
-                self.errors.append(exc)
-            return self._take_errors()
-        with self._cond:
-            while self._busy and self._pending + size > self.max_pending:
-                self._cond.wait()
-            self._start()
-            self._tasks.append((fn, args, size))
-            self._pending += size
-            self._busy += 1
-            self._cond.notify_all()
+        # _busy is read without the lock: a stale non-zero only sends a small task to the thread
+        if self._busy or size >= self.inline_bytes:
+            with self._cond:
+                while self._busy and self._pending + size > self.max_pending:
+                    self._cond.wait()
+                if self._executor is None:
+                    self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"msprobe-{self.name}-writer")
+                try:
+                    self._executor.submit(self._run, fn, args, size)
+                except RuntimeError:  # the interpreter is exiting: run it here, after the others
+                    while self._busy:
+                        self._cond.wait()
+                else:  # counted before _run (which needs the lock) counts it off
+                    self._pending += size
+                    self._busy += 1
+                    return self._take_errors()
+        try:
+            fn(*args)
+        except BaseException as exc:  # reported like a queued task's
+            self.errors.append(exc)
         return self._take_errors()
+
+    def _run(self, fn: Callable[..., object], args: tuple, size: int) -> None:
+        error = None
+        try:
+            fn(*args)
+        except BaseException as exc:  # kept for the training thread, which decides what to do
+            error = exc
+        with self._cond:
+            if error is not None:
+                self.errors.append(error)
+            self._pending -= size
+            self._busy -= 1
+            self._cond.notify_all()
 
     def flush(self) -> list[BaseException]:
         """Wait until everything submitted is written; returns (and clears) the tasks' errors."""
@@ -227,19 +220,18 @@ class BackgroundWriter:
     def close(self) -> list[BaseException]:
         """flush(), then end the thread (joined): nothing of the probes keeps running after it."""
         errors = self.flush()
-        thread = self._thread
-        if thread is not None and thread.is_alive():
-            with self._cond:
-                self._tasks.append(None)
-                self._cond.notify_all()
-            thread.join()
-        self._thread = None
+        with self._cond:
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=True)
         return errors + self._take_errors()
 
     def _take_errors(self) -> list[BaseException]:
-        errors, self.errors = self.errors, []
+        if not self.errors:  # the common case: no lock
+            return []
+        with self._cond:
+            errors, self.errors = self.errors, []
         return errors
-
 
 
 _WRITERS: weakref.WeakSet[BackgroundWriter] = weakref.WeakSet()

@@ -26,7 +26,7 @@ hooks removed. The only record of waiting calls is a weak set.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from probes.backends.patching import suspended
@@ -109,7 +109,8 @@ class BackwardCheck:
             self._failed(meta.key, name, exc)
         return out
 
-    def _save(self, meta, name, stats, original, args, kwargs, grad_at) -> _Call:
+    def _save(self, meta: Any, name: str, stats: Any, original: Callable[..., Any], args: tuple, kwargs: dict,
+              grad_at: list[tuple[str, tuple]]) -> _Call:
         b, ad = self.backend, self.autodiff
         copy = bool(meta.mutates_inputs)
 
@@ -289,14 +290,14 @@ class _Fire:
             call.release()
 
 
-def _float_inputs(backend: Any, args: tuple, kwargs: dict):
+def _float_inputs(backend: Any, args: tuple, kwargs: dict) -> Iterator[tuple[str, tuple, Any]]:
     for where, tree in (("args", args), ("kwargs", kwargs)):
         for path, leaf in iter_leaves(tree):
             if backend.is_tensor(leaf) and backend.is_float(leaf):
                 yield where, path, leaf
 
 
-def _tensor_inputs(backend: Any, args: tuple, kwargs: dict):
+def _tensor_inputs(backend: Any, args: tuple, kwargs: dict) -> Iterator[tuple[str, tuple, Any]]:
     for where, tree in (("args", args), ("kwargs", kwargs)):
         for path, leaf in iter_leaves(tree):
             if backend.is_tensor(leaf):

@@ -20,7 +20,7 @@ with OutputModified when the user's code changed an output in place meanwhile.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,7 +91,7 @@ class LeafVerdict:
     detail: dict[str, Any]
 
 
-def _pair_leaves(backend: Any, a: Any, b: Any, path: tuple = ()):
+def _pair_leaves(backend: Any, a: Any, b: Any, path: tuple = ()) -> Iterator[tuple[tuple, Any, Any]]:
     if backend.is_tensor(a) or backend.is_tensor(b):
         if not (backend.is_tensor(a) and backend.is_tensor(b)):
             raise StructureMismatch(f"at {path or 'output'}: {type(a).__name__} vs {type(b).__name__}")
@@ -213,7 +213,7 @@ def _comparison(backend: Any, pairs: list, pert_mode: str, tolerance: float | No
     return _in_output_order(pairs, verdicts)
 
 
-def _kinds(backend: Any, pairs: list):
+def _kinds(backend: Any, pairs: list) -> Iterator[tuple[str, tuple, Any, Any]]:
     """(kind, path, a, b) of every leaf pair either rule judges: "float" (two float tensors),
     "exact" (other tensors, compared exactly), "scalar" (a Python float), "differs" (a Python
     int/bool that changed); empty tensors and equal ints are left out."""
@@ -235,13 +235,13 @@ def _in_output_order(pairs: list, verdicts: list[LeafVerdict]) -> list[LeafVerdi
     return sorted(verdicts, key=lambda v: order.get(v.path, len(order)))
 
 
-def _exact_verdict(path, a, differing: float, dtype_repr: str, shape_repr: str, pert_mode: str) -> LeafVerdict:
+def _exact_verdict(path: tuple, a: Any, differing: float, dtype_repr: str, shape_repr: str, pert_mode: str) -> LeafVerdict:
     ok = differing == 0
     return LeafVerdict(path, a, ok, None if ok else "value_mismatch", 0.0, 0.0 if ok else math.inf,
                        dtype_repr, shape_repr, {"differing_elements": int(differing)})
 
 
-def _scalar_verdict(path, a: float, b: float, pert_mode: str, tolerance: float | None) -> LeafVerdict:
+def _scalar_verdict(path: tuple, a: float, b: float, pert_mode: str, tolerance: float | None) -> LeafVerdict:
     tol = tolerance if tolerance is not None else th.forward_tolerance("float64")
     if not (math.isfinite(a) and math.isfinite(b)):
         same = (a == b) or (math.isnan(a) and math.isnan(b))
@@ -255,7 +255,7 @@ def _scalar_verdict(path, a: float, b: float, pert_mode: str, tolerance: float |
                        {"ratio": rv.ratio})
 
 
-def _python_leaf_single(path, a: Any, b: Any) -> list[LeafVerdict]:
+def _python_leaf_single(path: tuple, a: Any, b: Any) -> list[LeafVerdict]:
     """Python numbers returned next to tensors: floats within the fp32 single-benchmark rtol,
     anything else by equality."""
     if isinstance(a, float) and isinstance(b, (int, float)) and not isinstance(b, bool):
@@ -310,7 +310,7 @@ def _single_benchmark(backend: Any, pairs: list, intact: _Intact) -> Comparison:
     return verdicts
 
 
-def _single_verdict(backend: Any, path, a: Any, h: list[float], limits: Any) -> LeafVerdict:
+def _single_verdict(backend: Any, path: tuple, a: Any, h: list[float], limits: Any) -> LeafVerdict:
     sv = metrics.finish_single_benchmark(h, limits.rtol, limits.small_value_atol, limits.error_balance)
     figure = math.inf if sv.nonfinite_mismatch else max(sv.abs_err / limits.small_value_atol,
                                                         sv.rel_err / limits.rtol,
@@ -458,7 +458,7 @@ def _reference_detail(backend: Any, v: LeafVerdict, b: Any, h: list[float], pert
     v.detail["reference_consistent"] = rv.consistent(ref_t)
 
 
-def _scalar_scaled(path, a: float, b: float, pert_mode: str) -> LeafVerdict:
+def _scalar_scaled(path: tuple, a: float, b: float, pert_mode: str) -> LeafVerdict:
     """A Python float output: its relative error against the perturbed value (its own scale)."""
     if not (math.isfinite(a) and math.isfinite(b)):
         same = (a == b) or (math.isnan(a) and math.isnan(b))

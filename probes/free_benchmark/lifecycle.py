@@ -81,7 +81,3 @@ class FreeBenchmarkRun:
 def _restore_at_exit() -> None:
     for run in list(_LIVE):
         run.close()
-
-
-def running_tools() -> list[FreeBenchmarkRun]:
-    return [t for t in _LIVE if t.patcher.installed]

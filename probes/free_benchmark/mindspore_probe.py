@@ -19,7 +19,6 @@ own lives here:
 
 from __future__ import annotations
 
-import difflib
 import logging
 import re
 from typing import Any
@@ -30,9 +29,10 @@ from probes.backends.mindspore_backend import BACKEND
 from probes.backends.patching import ApiPatcher
 from probes.core.config import ProbeConfig
 from probes.core.errors import ConfigError
+from probes.core.hints import did_you_mean
 from probes.free_benchmark import exclusions
 from probes.free_benchmark.lifecycle import FreeBenchmarkRun
-from probes.free_benchmark.service import FreeBenchmarkProbe, Selection
+from probes.free_benchmark.service import Checked, FreeBenchmarkProbe, Selection
 
 log = logging.getLogger("probes.free_benchmark")
 _UNSUPPORTED = re.compile(r"Select (\w+) operator\[(\w+)\] fail! Unsupported data type", re.S)
@@ -55,11 +55,11 @@ class ExactSelection(Selection):
 class _MindSporeProbe(FreeBenchmarkProbe):
     """The generic probe plus MindSpore's "no kernel for this dtype" cancellation."""
 
-    def _check(self, meta: Any, name: str, *rest: Any) -> None:
+    def _check(self, call: Checked) -> None:
         try:
-            super()._check(meta, name, *rest)
+            super()._check(call)
         except (TypeError, RuntimeError, ValueError) as exc:
-            if not self._cancelled_by_framework(meta.key, name, exc):
+            if not self._cancelled_by_framework(call.meta.key, call.name, exc):
                 raise
 
     def _cancelled_by_framework(self, key: str, name: str, exc: BaseException) -> bool:
@@ -136,10 +136,9 @@ class MindSporeFreeBenchmark(FreeBenchmarkRun):
             by_name = {full_name(k): k for k in keys}
             for entry in fb.api_list:
                 if entry not in by_name:
-                    close = difflib.get_close_matches(entry, list(by_name), n=3, cutoff=0.6)
-                    hint = (f"did you mean {', '.join(close)}?" if close else
-                            "entries are full names such as mindspore.ops.add, mindspore.Tensor.__add__, "
-                            "mindspore.mint.matmul, mindspore.mint.nn.functional.relu")
+                    hint = did_you_mean(entry, by_name, otherwise=(
+                        "entries are full names such as mindspore.ops.add, mindspore.Tensor.__add__, "
+                        "mindspore.mint.matmul, mindspore.mint.nn.functional.relu"))
                     raise ConfigError("free_benchmark.list", entry,
                                       "it is not an API of the MindSpore free_benchmark whitelist in this MindSpore",
                                       hint)

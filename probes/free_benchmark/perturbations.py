@@ -16,6 +16,7 @@ on the array with those operations and `back` makes the result a tensor. A backe
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,7 +51,7 @@ def _no_inplace(kwargs: dict[str, Any]) -> dict[str, Any]:
     return kwargs
 
 
-def _float_leaves(backend: Any, args: tuple, kwargs: dict):
+def _float_leaves(backend: Any, args: tuple, kwargs: dict) -> Iterator[tuple[str, tuple, Any]]:
     """(where, path, tensor) for every floating tensor, positional args first, then kwargs
     (msprobe searched positional args only)."""
     for path, leaf in iter_leaves(args):

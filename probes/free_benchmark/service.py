@@ -15,12 +15,11 @@ from __future__ import annotations
 import logging
 import math
 import re
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from probes.backends.patching import suspended
 from probes.core import thresholds as th
@@ -82,6 +81,20 @@ class ApiStats:
             "first_flagged": self.first_flagged, "dtypes": sorted(self.dtypes),
             "preheat_flagged": self.preheat_flagged,
         }
+
+
+class Checked(NamedTuple):
+    """A forward call that ran and is now checked: a tuple, as one is made per checked call."""
+
+    meta: Any  # the API's catalogue entry
+    name: str  # its call name, Functional.add.0.forward
+    stats: ApiStats
+    original: Callable[..., Any]
+    args: tuple
+    kwargs: dict
+    out: Any
+    snapshot: Any  # the random state the call ran with, replayed by the re-runs
+    sampled: bool  # a preheat CPU sample is due
 
 
 class Selection:
@@ -173,7 +186,6 @@ class FreeBenchmarkProbe:
         self.errors: dict[tuple[str, str], dict[str, Any]] = {}
         self._writers: dict[int, CsvAppender] = {}
         self._logged: set[tuple[str, str]] = set()
-        self.started_at = time.time()
         self.last_score = 0.0  # of the latest finished check (see _score)
         # checked calls' comparisons, settled together at step()/stop() (deferred.py); preheat
         # judges each call at once (its thresholds move with every sample)
@@ -267,16 +279,16 @@ class FreeBenchmarkProbe:
         snapshot = self.backend.rng_snapshot(args)
         out = original(*args, **kwargs)
         try:
-            self._check(meta, name, stats, original, args, kwargs, out, snapshot, sampled)
+            self._check(Checked(meta, name, stats, original, args, kwargs, out, snapshot, sampled))
         except Exception as exc:  # never let the probe break the user's model
             if self.config.strict:
                 raise ProbeError(f"free_benchmark failed on {name}: {exc}") from exc
             self._error(key, name, exc)
         return out
 
-    def _check(self, meta, name, stats, original, args, kwargs, out, snapshot, sampled=False) -> None:
+    def _check(self, call: Checked) -> None:
         b = self.backend
-        user_args, user_kwargs = args, kwargs
+        meta, name, stats, original, args, kwargs, out, snapshot, sampled = call
         if meta.mutates_inputs:
             args, kwargs = tree_map(_cloner(b), args), tree_map(_cloner(b), kwargs)
         pert = self.perturbation.build(args, kwargs)
@@ -321,11 +333,9 @@ class FreeBenchmarkProbe:
             return
         preheat_row = False
         if self.preheat is not None:
-            if meta.mutates_inputs and sampled:  # the CPU run must not see the re-run's updates
-                args, kwargs = tree_map(_cloner(b), user_args), tree_map(_cloner(b), user_kwargs)
             if sampled:
                 try:
-                    self._preheat_sample(meta, name, original, args, kwargs, out, snapshot, verdicts)
+                    self._preheat_sample(call, verdicts)
                 except Exception as exc:  # no sample; the ratio verdicts still count
                     if self.config.strict:
                         raise
@@ -366,12 +376,15 @@ class FreeBenchmarkProbe:
         return b.scaled_figures(moved, original, th.machine_eps(b.dtype_name(original)))
 
     # preheat (see preheat.py) ------------------------------------------------------------------
-    def _preheat_sample(self, meta, name, original, args, kwargs, out, snapshot, verdicts) -> None:
+    def _preheat_sample(self, call: Checked, verdicts: list[Any]) -> None:
         """Run the call on the CPU (inputs copied there, half types as float32) and give every
         ratio leaf's figure to the preheat with the CPU rule's verdict for that leaf. A failed
         CPU run records nothing (the reference counted it as consistent, which can only widen)."""
         b = self.backend
         assert self._cpu_reference is not None and self.preheat is not None
+        meta, name, _stats, original, args, kwargs, out, snapshot, _sampled = call
+        if meta.mutates_inputs:  # copies of the user's inputs: the CPU run must not see the re-run's updates
+            args, kwargs = tree_map(_cloner(b), args), tree_map(_cloner(b), kwargs)
         key = meta.key
         cpu_call = self._cpu_reference.build(args, kwargs)
         on_host = b.host_callable(meta.prefix, meta.qualname, original)
@@ -608,8 +621,3 @@ def _cloner(backend: Any) -> Callable[[Any], Any]:
         return backend.clone(x) if backend.is_tensor(x) else x
 
     return clone
-
-
-def worst_first(stats: dict[str, ApiStats]) -> list[tuple[str, ApiStats]]:
-    flagged = [(k, s) for k, s in stats.items() if s.flagged]
-    return sorted(flagged, key=lambda kv: (-(kv[1].worst_figure if math.isfinite(kv[1].worst_figure) else 1e300), kv[0]))

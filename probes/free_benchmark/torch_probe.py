@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import difflib
 import logging
 
 from probes.backends.torch_apis import TorchApiPatcher, build_catalog, call_exclusion
 from probes.backends.torch_backend import BACKEND
 from probes.core.config import ProbeConfig
 from probes.core.errors import ConfigError
+from probes.core.hints import did_you_mean
 from probes.free_benchmark import exclusions
 from probes.free_benchmark.graphs import GRAPH_PREFIX, FreeBenchmarkGraphs
 from probes.free_benchmark.lifecycle import FreeBenchmarkRun
@@ -43,8 +43,8 @@ class TorchFreeBenchmark(FreeBenchmarkRun):
         bad = [e for e in self.probe.selection.unmatched(keys) if not e.startswith(GRAPH_PREFIX)]
         if bad:
             key = "free_benchmark.scope" if self.config.free_benchmark.scope else "free_benchmark.list"
-            close = difflib.get_close_matches(bad[0].split(".forward")[0], keys, n=3, cutoff=0.5)
-            hint = f"did you mean {', '.join(close)}?" if close else "entries are substrings of names like Functional.softmax or Torch.matmul"
+            hint = did_you_mean(bad[0].split(".forward")[0], keys, cutoff=0.5,
+                                otherwise="entries are substrings of names like Functional.softmax or Torch.matmul")
             raise ConfigError(key, bad[0], "it selects no PyTorch API that free_benchmark can hook", hint)
         selected_excluded = [
             m for m in self.catalog

@@ -15,8 +15,12 @@ def __getattr__(name: str) -> Any:  # lazy: numpy and matplotlib load on first u
         from probes.grad_probe import comparator
 
         return getattr(comparator, name)
-    if name in ("assert_grad_directions_close", "apply_rule"):
+    if name == "assert_grad_directions_close":
+        from probes.grad_probe import assertion
+
+        return assertion.assert_grad_directions_close
+    if name == "apply_rule":
         from probes.grad_probe import direction_rule
 
-        return getattr(direction_rule, name)
+        return direction_rule.apply_rule
     raise AttributeError(f"module 'probes.grad_probe' has no attribute {name!r}")

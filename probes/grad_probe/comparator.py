@@ -100,17 +100,21 @@ PROGRESS_MIN_ITEMS = 200
 
 @dataclass
 class GradComparison:
-    """One rank's comparison. ``similarity[param][step]`` is None where ``status`` is not comparable."""
+    """One rank's comparison. ``similarity[param][step]`` is None where ``status`` is not comparable.
+
+    Only the two folders are required: the comparator starts from an empty result and fills it
+    in, and a caller building one by hand names each field it sets.
+    """
 
     dir_a: str
     dir_b: str
-    out: str | None
-    steps: list[int]
-    params: list[str]
-    similarity: dict[str, dict[int, float | None]]
-    status: dict[str, dict[int, str]]
-    summary: dict[int, float | None]
-    flags: list[Flag]
+    out: str | None = None
+    steps: list[int] = field(default_factory=list)
+    params: list[str] = field(default_factory=list)
+    similarity: dict[str, dict[int, float | None]] = field(default_factory=dict)
+    status: dict[str, dict[int, str]] = field(default_factory=dict)
+    summary: dict[int, float | None] = field(default_factory=dict)
+    flags: list[Flag] = field(default_factory=list)
     summary_status: dict[int, str] = field(default_factory=dict)
     counts: dict[str, dict[int, tuple[int, int]]] = field(default_factory=dict)
     mode: dict[int, str] = field(default_factory=dict)
@@ -501,7 +505,7 @@ class GradComparator:
             raise ValueError(f"no rank{{R}} folder in {a} nor in {b}: pass dump roots to compare_distributed, "
                              "or rank folders to compare")
         out = Path(output_dir) if output_dir is not None else None
-        result = DistributedGradComparison(str(out) if out is not None else None)
+        result = DistributedGradComparison(out=str(out) if out is not None else None)
         ranks = sorted(set(ranks_a) | set(ranks_b))
         for rank in _progress(ranks, len(ranks), "rank", progress if len(ranks) > 1 else False):
             if rank not in ranks_a:
@@ -524,8 +528,7 @@ def _compare_rank(a: Path, b: Path, first_step_min: float, max_drop: float,
                   progress: bool | None) -> GradComparison:
     dirs_a, dirs_b = step_dirs(a), step_dirs(b)
     csvs_a, csvs_b = step_csvs(a), step_csvs(b)
-    res = GradComparison(str(a), str(b), None, [], [], {}, {}, {}, [], first_step_min=first_step_min,
-                         max_drop=max_drop)
+    res = GradComparison(dir_a=str(a), dir_b=str(b), first_step_min=first_step_min, max_drop=max_drop)
     # which steps can be compared, and how
     candidates = sorted(set(dirs_a) | set(dirs_b) | set(csvs_a) | set(csvs_b))
     csv_cache: dict[tuple[str, int], _StepCsv | None] = {}

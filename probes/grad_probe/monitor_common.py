@@ -10,7 +10,6 @@ extend :meth:`MonitorBase.summary`. This module imports no deep-learning framewo
 from __future__ import annotations
 
 import atexit
-import difflib
 import logging
 import os
 import time
@@ -21,6 +20,7 @@ from typing import Any
 
 from probes.core.config import GradProbeConfig, ProbeConfig
 from probes.core.errors import ConfigError, ProbeError
+from probes.core.hints import did_you_mean
 from probes.core.writers import BackgroundWriter, close_writers, write_json_atomic
 from probes.grad_probe import csv_format
 from probes.grad_probe.stats import GradStats
@@ -44,10 +44,8 @@ def check_param_list(param_list: Sequence[str], names: Sequence[str], source: st
     present = set(names)
     for i, wanted in enumerate(param_list):
         if wanted not in present:
-            close = difflib.get_close_matches(wanted, list(names), n=3, cutoff=0.6)
-            hint = ("did you mean " + " or ".join(f'"{c}"' for c in close) + "?") if close else (
-                "parameter names look like " + ", ".join(f'"{n}"' for n in names[:3])
-            )
+            hint = did_you_mean(wanted, names, otherwise="parameter names look like "
+                                + ", ".join(f'"{n}"' for n in names[:3]))
             raise ConfigError(
                 f"grad_probe.param_list[{i}]",
                 wanted,

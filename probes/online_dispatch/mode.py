@@ -48,7 +48,6 @@ logger = logging.getLogger("probes.online_dispatch")
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _PROBES_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_CHECK = object()  # cache value: compare this overload
 
 
 class _OpInfo:

@@ -6,7 +6,6 @@ Every invalid argument is a ConfigError naming it, the value and what is allowed
 
 from __future__ import annotations
 
-import difflib
 import logging
 import os
 import re
@@ -15,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from probes.core.config import non_negative_int
-from probes.core.dispatch_metrics import RULES
 from probes.core.errors import ConfigError
+from probes.core.hints import did_you_mean
+from probes.core.rules import ONLINE_DISPATCH_RULES
 
 logger = logging.getLogger("probes.online_dispatch")
 
@@ -87,9 +87,8 @@ def _check_api_list(api_list: Any, dump_mode: str) -> tuple[str, ...]:
         known = _aten_names()
         for name in api_list:
             if not _is_aten_op(name, known):
-                close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.6)
-                hint = ("did you mean " + " or ".join(f'"{c}"' for c in close) + "?") if close else (
-                    "names are aten op packets without overload, as in dir(torch.ops.aten): \"mm\", \"add\", \"add_\"")
+                hint = did_you_mean(name, sorted(known), otherwise=(
+                    "names are aten op packets without overload, as in dir(torch.ops.aten): \"mm\", \"add\", \"add_\""))
                 raise ConfigError("api_list", name, "an aten op name", hint=hint)
     return tuple(api_list)
 
@@ -113,19 +112,16 @@ def validate(dump_mode: Any, api_list: Any, dump_path: Any, tag: Any, process_nu
              background: Any = "auto", rule: Any = "both", compiled_first: Any = 1,
              compiled_every: Any = 0) -> DispatchOptions:
     if not isinstance(dump_mode, str) or dump_mode not in DUMP_MODES:
-        hint = ""
-        if isinstance(dump_mode, str):
-            lowered = {m.lower(): m for m in DUMP_MODES}
-            hint = f'did you mean "{lowered[dump_mode.lower()]}"?' if dump_mode.lower() in lowered else ""
-        raise ConfigError("dump_mode", dump_mode, "one of " + ", ".join(f'"{m}"' for m in DUMP_MODES), hint=hint)
+        raise ConfigError("dump_mode", dump_mode, "one of " + ", ".join(f'"{m}"' for m in DUMP_MODES),
+                          hint=did_you_mean(dump_mode, DUMP_MODES, n=1) if isinstance(dump_mode, str) else "")
     if not isinstance(debug, bool):
         raise ConfigError("debug", debug, "True or False")
     if not isinstance(background, bool) and background != "auto":
         raise ConfigError("background", background, '"auto", True or False',
                           hint="True compares in a background thread while the program goes on, False inline, "
                                '"auto" picks the thread when it can overlap (an accelerator, or idle CPU cores)')
-    if not isinstance(rule, str) or rule not in RULES:
-        raise ConfigError("rule", rule, "one of " + ", ".join(f'"{r}"' for r in RULES),
+    if not isinstance(rule, str) or rule not in ONLINE_DISPATCH_RULES:
+        raise ConfigError("rule", rule, "one of " + ", ".join(f'"{r}"' for r in ONLINE_DISPATCH_RULES),
                           hint='"both" fails an output when either rule fails it, "reference" applies msprobe\'s '
                                'documented Cosine/MaxAbsErr rule alone, "scaled" the dtype-aware error at the '
                                "output's scale alone")

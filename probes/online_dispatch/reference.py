@@ -3,7 +3,8 @@
 The device under test is where the op's tensors are. The reference always runs on the CPU:
 half-precision inputs (fp16, bf16, fp8) are raised to float32 there; when the device under test
 *is* the CPU, every floating input is raised to float64 instead (and complex to complex128), so a
-CPU-only CI compares float32 kernels against something more exact (issue 5; msprobe needed torch_npu and did nothing without it).
+CPU-only CI compares float32 kernels against something more exact (msprobe needed torch_npu and
+did nothing without it).
 
 Every tensor argument is copied (``.to(..., copy=True)``) *before* the device op runs, so an
 in-place op on the device cannot change what the reference sees, and the dumped inputs are the

@@ -35,9 +35,6 @@ NO_CPU_KERNEL = "the reference run failed on the CPU (first failure recorded in 
 NO_CPU_REFERENCE = "a torch_npu operator without a CPU reference in probes/backends/npu_references.py"
 HIGHER_ORDER = "higher-order operator (cond, while_loop, ...): it runs with its sub-graphs unchecked"
 
-REASONS = (FACTORY, UNINITIALISED, CONSTANT_FILL, RNG, VIEW, COPY, COLLECTIVE, HOST_SYNC, DEVICE_QUERY,
-           NO_TENSOR, UNSUPPORTED_TENSOR, NO_CPU_KERNEL, NO_CPU_REFERENCE, HIGHER_ORDER)
-
 _BY_NAME: dict[str, str] = {}
 for _reason, _names in (
     (UNINITIALISED, "empty empty_like empty_strided empty_permuted new_empty new_empty_strided resize_ resize_as_ "

@@ -19,8 +19,9 @@ import torch
 
 from probes.backends.torch_backend import BACKEND
 from probes.core import dispatch_metrics as dm
+from probes.core import rules
 from probes.core.metrics import finish_single_benchmark
-from probes.core.thresholds import dispatch_scaled_threshold, single_benchmark_threshold
+from probes.core.thresholds import FLOAT_DTYPES, dispatch_scaled_threshold, single_benchmark_threshold
 from probes.online_dispatch.reference import CPU
 from probes.online_dispatch.results import Row, input_row, output_row, special_row
 
@@ -247,7 +248,7 @@ def input_statistics(stat_tensors: list[torch.Tensor]) -> list[list[float]]:
 
 
 def rows(cmp: OpComparison, out_figs: list[list[float]], all_details: bool = False,
-         rule: str = dm.RULE_BOTH) -> tuple[list[Row], list[Row]]:
+         rule: str = rules.BOTH) -> tuple[list[Row], list[Row]]:
     """(input rows, output rows) of one op, outputs judged by `rule` (the documented rule, the
     scaled rule, or both: a leaf fails when either fails) + noise floor.
 
@@ -280,7 +281,7 @@ def rows(cmp: OpComparison, out_figs: list[list[float]], all_details: bool = Fal
     for leaf in cmp.outputs:
         if leaf.special is not None:
             if leaf.special.failed:
-                leaf.special.failed_rule = dm.rule_label(rule != dm.RULE_SCALED, rule != dm.RULE_REFERENCE)
+                leaf.special.failed_rule = dm.rule_label(rule != rules.SCALED, rule != rules.REFERENCE)
             out_rows.append(leaf.special)
             continue
         verdict = verdicts[id(leaf)]
@@ -324,7 +325,7 @@ def _evidence(cmp: OpComparison, leaves: list[OutputLeaf]) -> dict[int, list[flo
             dev, ref = dev.reshape(-1), ref.reshape(-1)
             parts = [dm.masked_input_stats(xp, dev), dm.masked_input_stats(xp, ref),
                      dm.max_relative_error(xp, dev, ref).reshape(1)]
-            if leaf.dtype_name in dm.FLOAT_DTYPE_NAMES:
+            if leaf.dtype_name in FLOAT_DTYPES:
                 small = single_benchmark_threshold(leaf.dtype_name).small_value
                 parts.append(dm.single_benchmark_figures(xp, dev, ref, small))
             else:
@@ -338,7 +339,7 @@ def _fill_row(row: Row, leaf: OutputLeaf, ev: list[float], floor: float) -> None
     row.npu_stats = _mean_stats(ev[: dm.STAT_COUNT])
     row.bench_stats = _mean_stats(ev[dm.STAT_COUNT : 2 * dm.STAT_COUNT])
     row.max_rel_err = ev[2 * dm.STAT_COUNT]
-    if leaf.dtype_name in dm.FLOAT_DTYPE_NAMES:
+    if leaf.dtype_name in FLOAT_DTYPES:
         thd = single_benchmark_threshold(leaf.dtype_name)
         sb = finish_single_benchmark(ev[2 * dm.STAT_COUNT + 1 :], thd.rtol, thd.small_value_atol, thd.error_balance)
         row.extra = (sb.error_balance, sb.abs_err, sb.rel_err, "pass" if sb.consistent else "fail", floor)

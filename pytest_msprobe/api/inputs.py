@@ -4,8 +4,8 @@ Why a table: which values an API accepts (log wants positives, acos [-1, 1]), ho
 shapes relate (matmul, conv, layer_norm) and which kwargs it needs are facts about the API, not
 code; a row states them and `api_inputs` turns a row into a Hypothesis strategy of `(args,
 kwargs)` such that `api(*args, **kwargs)` runs. Every tensor comes from
-`pytest_msprobe.api.strategies.tensors`, so its values are exact in the dtype, and the whole input
-shrinks towards small shapes and simple values.
+`pytest_msprobe.api.exact_tensors` (what `pytest_msprobe.api.strategies.tensors` draws), so its
+values are exact in the dtype, and the whole input shrinks towards small shapes and simple values.
 
 `no_cpu` names the dtypes the API has no CPU kernel for in the installed torch; the test suite
 checks each mark by calling the API. torch is imported when a strategy is drawn, not on import.
@@ -13,7 +13,6 @@ checks each mark by calling the API. torch is imported when a strategy is drawn,
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Mapping, Tuple
 
@@ -21,10 +20,11 @@ import numpy as np
 from hypothesis import strategies as st
 
 from probes.core.errors import ConfigError
-from pytest_msprobe.api import strategies as S
+from probes.core.hints import close_matches, did_you_mean
+from pytest_msprobe.api import exact_tensors as exact
 
 __all__ = ["Domain", "ApiSpec", "API_TABLE", "FORMS", "api_inputs", "api_spec", "known_apis", "canonical_name",
-           "resolve_api"]
+           "resolve_api", "suggest_api"]
 
 _PRIMARY_MAX_SIDE = 8
 
@@ -205,17 +205,38 @@ def api_spec(api: str) -> ApiSpec:
         rows = {r.name: r for r in API_TABLE for n in r.names if n.rsplit(".", 1)[-1] == name}
         if len(rows) == 1:
             return next(iter(rows.values()))
-    close = difflib.get_close_matches(name, known_apis(), n=5, cutoff=0.6)
-    by_bare: dict[str, list[str]] = {}
-    for known in known_apis():
-        by_bare.setdefault(known.rsplit(".", 1)[-1], []).append(known)
-    for bare in difflib.get_close_matches(name.rsplit(".", 1)[-1], list(by_bare), n=3, cutoff=0.6):
-        close += [n for n in by_bare[bare] if n not in close]
-    hint = (f"close known APIs: {', '.join(close[:6])}. " if close else "") + (
+    close = suggest_api(api)
+    hint = (f"{close} " if close else "") + (
         f"For an API outside the table pass form= (one of {', '.join(sorted(FORMS))}) and kwargs= "
         "to api_inputs, or give the test an explicit strategy of (args, kwargs) built with "
         "pytest_msprobe.api.strategies.tensors")
     raise ConfigError("api", api, f"an API of the input table ({len(_BY_NAME)} names, see known_apis())", hint=hint)
+
+
+_PUBLIC_PREFIX = {"Torch": "torch.", "Functional": "torch.nn.functional.", "Tensor": "torch.Tensor."}
+
+
+def suggest_api(api: str) -> str:
+    """``did you mean "..."?`` for a name the table does not know, else "".
+
+    The suggestions are spelled the way the user spelled the family (``torch.nn.functional.sofmax``
+    gets ``torch.nn.functional.softmax``, ``F.sofmax`` gets ``F.softmax``, ``Functional.sofmax``
+    the catalog name), so the fix is a copy of the hint; other families get their public names."""
+    spelling = dict(_PUBLIC_PREFIX)
+    if api.startswith(tuple(f"{family}." for family in spelling)):
+        spelling = {family: f"{family}." for family in spelling}
+    else:
+        for prefix, family in _PREFIXES:
+            if api.startswith(prefix):
+                spelling[family.rstrip(".")] = prefix
+                break
+    spelled = [spelling[family] + rest for family, _, rest in (n.partition(".") for n in known_apis())]
+    if "." in api:
+        return did_you_mean(api, spelled)
+    by_last: dict[str, list[str]] = {}  # a bare name: matched on the last dotted part
+    for name in spelled:
+        by_last.setdefault(name.rsplit(".", 1)[-1], []).append(name)
+    return did_you_mean(api, [n for last in close_matches(api, by_last) for n in by_last[last]])
 
 
 def resolve_api(api: str) -> Callable[..., Any]:
@@ -251,7 +272,7 @@ class _Inputs:
     def primary_shape(self) -> Tuple[int, ...]:
         lo, hi = self.row.rank
         if self._shapes is None:
-            return self.draw(S.shapes(lo, hi, self.row.min_side, max(_PRIMARY_MAX_SIDE, self.row.min_side)))
+            return self.draw(exact.shapes(lo, hi, self.row.min_side, max(_PRIMARY_MAX_SIDE, self.row.min_side)))
         shape = tuple(self.draw(self._shapes))
         if not lo <= len(shape) <= hi or any(s < self.row.min_side for s in shape):
             sides = f" with every side >= {self.row.min_side}" if self.row.min_side > 1 else ""
@@ -259,11 +280,11 @@ class _Inputs:
         return shape
 
     def side(self, lo: int = 1, hi: int = 6) -> int:
-        return self.draw(S.integers(lo, hi))
+        return self.draw(exact.integers(lo, hi))
 
     def _array(self, dtype: str, shape: Tuple[int, ...], lo: Any = None, hi: Any = None) -> Any:
-        a = S.array_spec(dtype, min_value=lo, max_value=hi).draw(self.draw, shape)
-        return S.to_tensor(a, dtype, self.device, "torch")
+        a = exact.array_spec(dtype, min_value=lo, max_value=hi).draw(self.draw, shape)
+        return exact.to_tensor(a, dtype, self.device, "torch")
 
     def tensor(self, shape: Tuple[int, ...]) -> Any:
         """The next float input, with the next domain of the row."""
@@ -283,10 +304,10 @@ class _Inputs:
         return self._array("bool", shape)
 
     def broadcastable(self, shape: tuple[int, ...]) -> tuple[int, ...]:
-        return S.draw_broadcastable(self.draw, shape)
+        return exact.draw_broadcastable(self.draw, shape)
 
     def dim(self, ndim: int) -> int:
-        return self.draw(S.integers(-max(ndim, 1), max(ndim, 1) - 1))
+        return self.draw(exact.integers(-max(ndim, 1), max(ndim, 1) - 1))
 
 
 _BOOLEANS = st.booleans()
@@ -340,7 +361,7 @@ def _class_target(i: _Inputs, kw: Dict[str, Any]) -> Tuple[tuple, Dict[str, Any]
 def _matmul(i: _Inputs, kw: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
     a_shape = i.primary_shape()
     lo, hi = i.row.rank
-    b_shape = (a_shape[-1], i.side()) if lo == hi == 2 else S.draw_matmul_rhs(i.draw, a_shape)  # mm: matrices
+    b_shape = (a_shape[-1], i.side()) if lo == hi == 2 else exact.draw_matmul_rhs(i.draw, a_shape)  # mm: matrices
     return (i.tensor(a_shape), i.tensor(b_shape)), kw
 
 
@@ -444,7 +465,7 @@ def _cat(i: _Inputs, kw: Dict[str, Any]) -> Tuple[tuple, Dict[str, Any]]:
 
 def _stack(i: _Inputs, kw: Dict[str, Any]) -> Tuple[tuple, Dict[str, Any]]:
     shape = i.primary_shape()
-    kw.setdefault("dim", i.draw(S.integers(-len(shape) - 1, len(shape))))
+    kw.setdefault("dim", i.draw(exact.integers(-len(shape) - 1, len(shape))))
     return ([i.tensor(shape) for _ in range(i.side(2, 3))],), kw
 
 
@@ -510,9 +531,9 @@ def api_inputs(api: str, dtype: Any, *, shapes: Any = None, kwargs: Mapping[str,
             row = ApiSpec((canonical_name(api),), form, rank=_FORM_RANK.get(form, (1, 3)))
     else:
         row = api_spec(api)
-    name = S.dtype_name(dtype)
-    if name not in S.FLOAT_DTYPES:
-        raise ConfigError("dtype", dtype, f"a float dtype for API inputs: {', '.join(S.FLOAT_DTYPES)}")
+    name = exact.dtype_name(dtype)
+    if name not in exact.FLOAT_DTYPES:
+        raise ConfigError("dtype", dtype, f"a float dtype for API inputs: {', '.join(exact.FLOAT_DTYPES)}")
     root = type(dtype).__module__.partition(".")[0]
     if root == "mindspore":
         raise ConfigError("dtype", dtype, "a dtype name or a torch dtype: the input table describes torch APIs")

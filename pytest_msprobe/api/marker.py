@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from probes.core.hints import did_you_mean
+
 MARKER = "msprobe_api"
 CASE_ARG = "msprobe_api_case"
 DEFAULT_DTYPES = ("float32", "float16", "bfloat16")
@@ -93,36 +95,71 @@ def default_mode(dtype: str) -> str:
     return "improve_precision" if dtype in _LOW else "add_noise"
 
 
+class MarkerError(ValueError):
+    """A bad argument of the marker: raised while the tests are collected, shown as one line."""
+
+
+def _dtype_of(api: str, entry: Any) -> str:
+    """The canonical float dtype name of a `dtypes` entry (aliases such as "bf16" or "half" and
+    torch dtypes accepted), so test ids and thresholds see one spelling."""
+    from probes.core.errors import ConfigError
+    from pytest_msprobe.api.exact_tensors import DTYPE_ALIASES, FLOAT_DTYPES, dtype_name
+
+    try:
+        name = dtype_name(entry)
+    except ConfigError:
+        name = None
+    if name in FLOAT_DTYPES:
+        return name
+    floats = [a for a, d in DTYPE_ALIASES.items() if d in FLOAT_DTYPES]
+    hint = did_you_mean(entry, (*FLOAT_DTYPES, *floats)) if isinstance(entry, str) else ""
+    raise MarkerError(f"@pytest.mark.{MARKER}({api!r}): dtypes entry {entry!r}; allowed: {', '.join(FLOAT_DTYPES)} "
+                      f"(or {', '.join(floats)}, in any case)" + (f"; {hint}" if hint else ""))
+
+
 def cases_from_marker(mark: pytest.Mark) -> list[ApiCase]:
-    """Validate the marker's arguments (errors name the argument) and expand them."""
+    """Validate the marker's arguments and expand them. A bad argument raises MarkerError naming
+    it and what is allowed, before any test of the module runs."""
     from probes.core.config import PERT_MODES
-    from pytest_msprobe.api.strategies import FLOAT_DTYPES
+    from probes.core.errors import ConfigError
+    from pytest_msprobe.api.inputs import api_spec, known_apis, suggest_api
 
     if len(mark.args) != 1 or not isinstance(mark.args[0], str):
-        raise pytest.UsageError(f"@pytest.mark.{MARKER}: give exactly one API name, e.g. "
-                                f"@pytest.mark.{MARKER}(\"torch.nn.functional.softmax\"); got {mark.args!r}")
+        raise MarkerError(f"@pytest.mark.{MARKER}: give exactly one API name, e.g. "
+                          f"@pytest.mark.{MARKER}(\"torch.nn.functional.softmax\"); got {mark.args!r}")
     allowed = {"dtypes", "pert_modes", "shapes", "kwargs", "examples", "online_dispatch"}
     unknown = set(mark.kwargs) - allowed
     if unknown:
-        raise pytest.UsageError(f"@pytest.mark.{MARKER}: unknown argument(s) {sorted(unknown)}; "
-                                f"allowed: {', '.join(sorted(allowed))}")
+        hints = [h for h in (did_you_mean(u, sorted(allowed)) for u in sorted(unknown)) if h]
+        raise MarkerError(f"@pytest.mark.{MARKER}: unknown argument(s) {sorted(unknown)}; "
+                          f"allowed: {', '.join(sorted(allowed))}" + (f"; {' '.join(hints)}" if hints else ""))
     api = mark.args[0]
-    dtypes = tuple(mark.kwargs.get("dtypes", DEFAULT_DTYPES))
-    for d in dtypes:
-        if d not in FLOAT_DTYPES:
-            raise pytest.UsageError(f"@pytest.mark.{MARKER}({api!r}): dtypes entry {d!r}; allowed: {', '.join(FLOAT_DTYPES)}")
+    try:
+        api_spec(api)
+    except ConfigError:
+        close = suggest_api(api)
+        raise MarkerError(f"@pytest.mark.{MARKER}({api!r}): not an API of the input table "
+                          f"({len(known_apis())} names, see pytest_msprobe.api.inputs.known_apis())"
+                          + (f"; {close}" if close else "")) from None
+    given = mark.kwargs.get("dtypes", DEFAULT_DTYPES)
+    if isinstance(given, str) or not hasattr(given, "__iter__"):
+        raise MarkerError(f"@pytest.mark.{MARKER}({api!r}): dtypes={given!r}; allowed: a list of dtype names, "
+                          f"e.g. dtypes=[\"float32\", \"bf16\"]")
+    dtypes = tuple(dict.fromkeys(_dtype_of(api, d) for d in given))  # "bf16" and "bfloat16": one test
     modes = mark.kwargs.get("pert_modes")
     for m in modes or ():
         if m not in PERT_MODES:
-            raise pytest.UsageError(f"@pytest.mark.{MARKER}({api!r}): pert_modes entry {m!r}; allowed: {', '.join(PERT_MODES)}")
+            hint = did_you_mean(m, PERT_MODES) if isinstance(m, str) else ""
+            raise MarkerError(f"@pytest.mark.{MARKER}({api!r}): pert_modes entry {m!r}; allowed: {', '.join(PERT_MODES)}"
+                              + (f"; {hint}" if hint else ""))
     examples = mark.kwargs.get("examples", DEFAULT_EXAMPLES)
     if not isinstance(examples, int) or isinstance(examples, bool) or examples < 1:
-        raise pytest.UsageError(f"@pytest.mark.{MARKER}({api!r}): examples={examples!r}; allowed: a positive int")
+        raise MarkerError(f"@pytest.mark.{MARKER}({api!r}): examples={examples!r}; allowed: a positive int")
     kwargs = dict(mark.kwargs.get("kwargs") or {})
     od = mark.kwargs.get("online_dispatch")
     if od is not None and not isinstance(od, bool):
-        raise pytest.UsageError(f"@pytest.mark.{MARKER}({api!r}): online_dispatch={od!r}; allowed: True, False "
-                                "or leave it out (on when the device under test is an accelerator)")
+        raise MarkerError(f"@pytest.mark.{MARKER}({api!r}): online_dispatch={od!r}; allowed: True, False "
+                          "or leave it out (on when the device under test is an accelerator)")
     out = []
     for dtype in dtypes:
         for mode in modes or (default_mode(dtype),):
@@ -134,11 +171,20 @@ def cases_from_marker(mark: pytest.Mark) -> list[ApiCase]:
 
 
 def generate(metafunc: pytest.Metafunc) -> None:
-    """pytest_generate_tests: parametrize a test carrying the marker over its cases."""
+    """pytest_generate_tests: parametrize a test carrying the marker over its cases.
+
+    A bad marker argument fails the collection with one line naming the test, the argument and
+    what is allowed: a traceback through pytest's hook machinery would bury it."""
     marks = list(metafunc.definition.iter_markers(MARKER))
     if not marks:
         return
-    cases = [c for mark in marks for c in cases_from_marker(mark)]
+    try:
+        cases = [c for mark in marks for c in cases_from_marker(mark)]
+        error = None
+    except MarkerError as exc:
+        error = f"{metafunc.definition.nodeid}: {exc}"
+    if error is not None:  # raised outside the except: no "during handling" chain in the output
+        pytest.fail(error, pytrace=False)
     if CASE_ARG not in metafunc.fixturenames:
         metafunc.fixturenames.append(CASE_ARG)
     metafunc.parametrize(CASE_ARG, cases, ids=[c.id for c in cases])
@@ -152,8 +198,7 @@ def run_case(case: ApiCase, options: Any, nodeid: str, dump_path: Any) -> None:
     from hypothesis import seed as hseed
 
     from probes.core.records import rule_figures
-    from pytest_msprobe.api.inputs import api_spec, canonical_name, resolve_api
-    from pytest_msprobe.api.strategies import api_inputs
+    from pytest_msprobe.api.inputs import api_inputs, api_spec, canonical_name, resolve_api
 
     if case.skip_reason:
         pytest.skip(case.skip_reason)

@@ -14,41 +14,20 @@ test), so collecting ~2,000 tests takes a few seconds.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
-from dataclasses import dataclass
 
-DTYPES = ("float32", "float16", "bfloat16")
-SAMPLES = 4  # sample inputs per API x dtype: bounded, so the catalogue fits a CI job
+from probes.core.errors import ConfigError
+from pytest_msprobe.catalogue import mindspore_ops, npu_ops
+from pytest_msprobe.catalogue.records import DTYPES, CatalogueCase
+
 SOURCE_ENV = "MSPROBE_CATALOGUE_SOURCE"  # "opinfo", "table", "mindspore" or "auto" (default)
 SOURCES = ("auto", "opinfo", "table", "mindspore", "npu")
-
-
-@dataclass(frozen=True)
-class CatalogueCase:
-    """One test: an API in one dtype, from one source of inputs."""
-
-    api: str  # the catalogue's name: free_benchmark's key ("Torch.rsqrt"), an OpInfo variant in [...]
-    dtype: str
-    source: str  # "opinfo", "table", "mindspore" or "npu" (torch_npu's fused operators)
-    ref: str  # the OpInfo entry name, or the API table's name
-    key: str  # the free_benchmark key the probe checks (the public name called)
-    skip: str | None = None
-    exclusion: str | None = None  # why free_benchmark never re-runs this API (its verdict is then n/a)
-
-    @property
-    def framework(self) -> str:
-        return "mindspore" if self.source == "mindspore" else "torch"
-
-    @property
-    def id(self) -> str:
-        return f"{self.api}-{self.dtype}"
 
 
 def wanted_source() -> str:
     source = os.environ.get(SOURCE_ENV, "auto").strip() or "auto"
     if source not in SOURCES:
-        from probes.core.errors import ConfigError
-
         raise ConfigError(SOURCE_ENV, source, ", ".join(SOURCES))
     return source
 
@@ -104,25 +83,20 @@ def table_cases() -> list[CatalogueCase]:
 
 
 def mindspore_cases() -> list[CatalogueCase]:
-    from pytest_msprobe.catalogue.mindspore_ops import mint_rows
-
     cases = []
-    for name, _row in mint_rows():
+    for name, row in mindspore_ops.mint_rows():
         for dtype in DTYPES:
-            cases.append(CatalogueCase(name, dtype, "mindspore", _row.name, name))
+            cases.append(CatalogueCase(name, dtype, "mindspore", row.name, name))
     return cases
 
 
 def npu_cases() -> list[CatalogueCase]:
-    from pytest_msprobe.catalogue.npu_ops import available
-
-    return [CatalogueCase(f"NPU.{name}", dtype, "npu", name, f"NPU.{name}") for name in available() for dtype in DTYPES]
+    return [CatalogueCase(f"NPU.{name}", dtype, "npu", name, f"NPU.{name}") for name in npu_ops.available()
+            for dtype in DTYPES]
 
 
 def all_cases() -> list[CatalogueCase]:
     """The catalogue's tests for the installed frameworks and the chosen source."""
-    import importlib.util
-
     source = wanted_source()
     cases: list[CatalogueCase] = []
     has_torch = importlib.util.find_spec("torch") is not None

@@ -43,6 +43,9 @@ the tests pass; review the diff.
 
 A golden folder of the previous layout (``golden/catalogue/<device>/catalogue.csv``, no identity)
 is read as the golden of an unrecorded machine: it serves the machine-independent limits only.
+
+The gate's own limits (ULP_MARGIN, ULP_MARGIN_ABS, CROSS_MACHINE_FACTOR, CROSS_MACHINE_ABS) are
+defined here; the accumulation test ratio's limit is the ratio's own (probes.core.accumulation).
 """
 
 from __future__ import annotations
@@ -57,6 +60,8 @@ from pathlib import Path
 from typing import Any
 
 from probes.core.accumulation import ACCUMULATES_IN, RATIO_LIMIT
+from probes.core.number_format import short_number
+from probes.core.writers import write_text_atomic
 from pytest_msprobe.golden import kinds as gk
 
 ULP_MARGIN = 0.5
@@ -342,15 +347,13 @@ def _within(now: float, golden: float, bound: Any = ulp_bound) -> bool:
 
 
 def ulp_text(v: Any, missing: str = "-") -> str:
-    """An ulp figure as shown: 4 significant digits, inf / nan as words, `missing` when not measured."""
-    if not isinstance(v, (int, float)):
-        return missing
-    return f"{v:.4g}" if math.isfinite(v) else str(v)
+    """An ulp figure as shown, `missing` when not measured."""
+    return short_number(float(v)) if isinstance(v, (int, float)) else missing
 
 
 def ratio_text(v: Any) -> str:
-    """A test ratio as shown: 3 significant digits."""
-    return f"{v:.3g}" if isinstance(v, (int, float)) else "-"
+    """A test ratio as shown: 3 significant digits (it is read against its limit, not to the last ulp)."""
+    return short_number(float(v), 3) if isinstance(v, (int, float)) else "-"
 
 
 def failing(result: dict[str, Any]) -> bool:
@@ -372,8 +375,6 @@ def worst(results: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
 
 def write_csv(path: Path, results: list[dict[str, Any]]) -> Path:
     """catalogue.csv: one row per API x dtype of this session, worst max ulp first."""
-    from probes.core.writers import write_text_atomic
-
     rows = sorted(results, key=lambda r: (-ulp_sort_value(r.get("max_ulp")), r["api"], r["dtype"]))
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")

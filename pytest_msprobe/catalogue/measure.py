@@ -21,56 +21,33 @@ bits, then depend on neither the machine's core count nor pytest-xdist, and gold
 from __future__ import annotations
 
 import functools
-import math
 import tempfile
 import warnings
-import zlib
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from probes.core.accumulation import accumulation_ratio
+from probes.core.errors import ConfigError
+from probes.core.trees import iter_leaves, tree_map
 from probes.core.ulps import ULP_DTYPES, UlpSummary, ulp_errors
-from pytest_msprobe.catalogue.cases import SAMPLES, CatalogueCase
-
-PASS, FLAGGED, NOT_CHECKED, NOT_APPLICABLE = "pass", "flagged", "not checked", "n/a"
-
-
-@dataclass
-class CatalogueResult:
-    """One API x dtype on one device: the catalogue.csv row before the golden's status is added."""
-
-    api: str
-    dtype: str
-    device: str
-    source: str
-    samples: int  # samples measured (device and reference both ran)
-    elements: int
-    max_ulp: float
-    p99_ulp: float
-    verdict: str  # free_benchmark improve_precision: pass / flagged / not checked / n/a
-    verdict_detail: str = ""
-    ratio: float | None = None  # largest accumulation test ratio (accumulating APIs only)
-    error: str = ""  # the device run raised on every sample (the API is broken there)
-    status: str = ""  # set by the gate: ok, regressed, newly flagged, ...
-    message: str = ""
-    golden_max_ulp: float | None = None
-    golden_p99_ulp: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-class NothingToMeasure(Exception):
-    """The case has no floating output, or no sample the reference could run: a skipped test."""
+from pytest_msprobe.catalogue import accumulating, npu_ops
+from pytest_msprobe.catalogue.draws import draw_examples
+from pytest_msprobe.catalogue.mindspore_ops import measure_mindspore
+from pytest_msprobe.catalogue.records import (
+    NOT_APPLICABLE,
+    SAMPLES,
+    CatalogueCase,
+    CatalogueResult,
+    NothingToMeasure,
+    first_line,
+    largest,
+    summary_verdict,
+)
 
 
 # samples ----------------------------------------------------------------------------------------
-def _seed(case: CatalogueCase) -> int:
-    return zlib.crc32(f"{case.ref}|{case.dtype}".encode())
-
-
 @functools.lru_cache(maxsize=1)
 def _opinfo_entries() -> dict[str, Any]:
     from pytest_msprobe.catalogue.opinfo_ops import build_corpus
@@ -93,11 +70,9 @@ def torch_samples(case: CatalogueCase, count: int = SAMPLES) -> list[tuple[Calla
     args, kwargs)` runs the API through its public name, looked up at call time."""
     import torch
 
-    torch.manual_seed(_seed(case))
+    torch.manual_seed(case.seed)
     dtype = getattr(torch, case.dtype)
     if case.source == "npu":
-        from pytest_msprobe.catalogue import npu_ops
-
         run = npu_ops.call(case.ref)
         return [(run, *s) for s in npu_ops.samples(case.ref, dtype, count)]
     if case.source == "opinfo":
@@ -112,7 +87,7 @@ def torch_samples(case: CatalogueCase, count: int = SAMPLES) -> list[tuple[Calla
         return samples + _long_sample(case, case.key)
     from pytest_msprobe.api.strategies import api_inputs
 
-    drawn = draw_examples(api_inputs(case.ref, case.dtype), count + 1, _seed(case))[1:]  # not the all-zero first
+    drawn = draw_examples(api_inputs(case.ref, case.dtype), count + 1, case.seed)[1:]  # not the all-zero first
     return [(_public(case.ref), args[0], tuple(args[1:]), kwargs) for args, kwargs in drawn] + _long_sample(
         case, case.ref)
 
@@ -128,7 +103,6 @@ def _public(name: str) -> Callable[..., Any]:
 
 def _long_sample(case: CatalogueCase, name: str) -> list[tuple[Callable[..., Any], Any, tuple, dict]]:
     """The long sample of an API of the table whose form accumulates (LONG_SHAPES), else []."""
-    from probes.core.errors import ConfigError
     from pytest_msprobe.api.inputs import api_spec
     from pytest_msprobe.api.strategies import api_inputs
 
@@ -139,8 +113,8 @@ def _long_sample(case: CatalogueCase, name: str) -> list[tuple[Callable[..., Any
     shape = LONG_SHAPES.get(row.form)
     if shape is None or not row.rank[0] <= len(shape) <= row.rank[1]:
         return []
-    (args, kwargs), = draw_examples(api_inputs(row.name, case.dtype, shapes=shape), 3, _seed(case) + 1)[-1:]
-    args = _spread(args, row, _seed(case))
+    (args, kwargs), = draw_examples(api_inputs(row.name, case.dtype, shapes=shape), 3, case.seed + 1)[-1:]
+    args = _spread(args, row, case.seed)
     if row.form in REDUCING_FORMS:  # along the long axis, one sum per row: several chances to show
         kwargs = {**kwargs, "dim": -1}
     return [(_public(row.name), args[0], tuple(args[1:]), kwargs)]
@@ -167,27 +141,6 @@ def _spread(args: tuple, row: Any, seed: int) -> tuple:
     return tuple(out)
 
 
-def draw_examples(strategy: Any, count: int, seed: int) -> list[Any]:
-    """`count` examples of a Hypothesis strategy, the same ones on every run (seeded generation,
-    no database, no shrinking): the catalogue compares runs, so its inputs must not move.
-    Hypothesis starts from the simplest example (all zeros): callers skip it."""
-    from hypothesis import HealthCheck, Phase, given, settings
-    from hypothesis import seed as hseed
-
-    out: list[Any] = []
-
-    @hseed(seed)
-    @settings(max_examples=count, database=None, deadline=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
-    @given(strategy)
-    def collect(example: Any) -> None:
-        if len(out) < count:
-            out.append(example)
-
-    collect()
-    return out
-
-
 # measuring ------------------------------------------------------------------------------------
 @contextmanager
 def _single_thread(device: str) -> Iterator[None]:
@@ -206,8 +159,6 @@ def _single_thread(device: str) -> Iterator[None]:
 
 def _float_leaves(tree: Any) -> dict[tuple, Any]:
     import torch
-
-    from probes.core.trees import iter_leaves
 
     out = {}
     for path, leaf in iter_leaves(tree):
@@ -255,10 +206,6 @@ def sample_ratios(kind: str, call: Callable[..., Any], ref_in: tuple, out: Any, 
     inputs' absolute values and on all-ones inputs (pytest_msprobe.catalogue.accumulating)."""
     import torch
 
-    from probes.core.accumulation import accumulation_ratio
-    from probes.core.trees import iter_leaves, tree_map
-    from pytest_msprobe.catalogue import accumulating
-
     def floats(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
         return lambda x: fn(x) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
 
@@ -284,8 +231,6 @@ def sample_ratios(kind: str, call: Callable[..., Any], ref_in: tuple, out: Any, 
 def _to_device(tree: Any, device: str) -> Any:
     import torch
 
-    from probes.core.trees import tree_map
-
     if device == "cpu":
         return tree
     return tree_map(lambda x: x.to(device) if isinstance(x, torch.Tensor) else x, tree)
@@ -294,8 +239,6 @@ def _to_device(tree: Any, device: str) -> Any:
 def measure_torch(case: CatalogueCase, device: str, probe_config: Any = None, samples: int = SAMPLES,
                   verdict: bool = True) -> CatalogueResult:
     """Measure a PyTorch case (module docstring); NothingToMeasure when there is nothing to score."""
-    from probes.core.trees import tree_map
-    from pytest_msprobe.catalogue import accumulating
     from pytest_msprobe.catalogue.opinfo_ops import copy_tree, upcast
 
     kind = accumulating.family(case.api)
@@ -311,14 +254,14 @@ def measure_torch(case: CatalogueCase, device: str, probe_config: Any = None, sa
                     warnings.simplefilter("ignore")
                     ref = call(*ref_in)
             except Exception as exc:
-                ref_failures.append(f"{type(exc).__name__}: {_first_line(exc)}")
+                ref_failures.append(f"{type(exc).__name__}: {first_line(exc)}")
                 continue
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     out = call(*_to_device(copy_tree((inp, args, kwargs)), device))
             except Exception as exc:
-                failures.append(f"{type(exc).__name__}: {_first_line(exc)}")
+                failures.append(f"{type(exc).__name__}: {first_line(exc)}")
                 continue
             leaf_errors = sample_errors(out, ref)
             if leaf_errors:
@@ -338,17 +281,6 @@ def measure_torch(case: CatalogueCase, device: str, probe_config: Any = None, sa
         if verdict and measured:
             result.verdict, result.verdict_detail = free_benchmark_verdict(case, device, inputs, probe_config)
     return result
-
-
-def largest(arrays: list[np.ndarray]) -> float | None:
-    """The largest value of any array, None when there is none (NaN counts as infinite)."""
-    values = [np.nan_to_num(a, nan=np.inf).max() for a in arrays if a.size]
-    return float(max(values)) if values else None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:200] if text else ""
 
 
 def free_benchmark_verdict(case: CatalogueCase, device: str, inputs: list[tuple],
@@ -383,30 +315,9 @@ def free_benchmark_verdict(case: CatalogueCase, device: str, inputs: list[tuple]
     return summary_verdict(case.key, summary)
 
 
-def summary_verdict(key: str, summary: dict[str, Any]) -> tuple[str, str]:
-    """(verdict, detail) of API `key` from a free_benchmark summary (both frameworks' probes)."""
-    stats = summary.get("apis", {}).get(key, {})
-    checked, flagged = int(stats.get("checked", 0) or 0), int(stats.get("flagged", 0) or 0)
-    if flagged:
-        worst = stats.get("worst_max_rel")
-        return FLAGGED, f"{flagged} of {checked} calls flagged (worst {_short(worst)} > {_short(stats.get('threshold'))})"
-    if checked:
-        return PASS, f"{checked} calls checked"
-    reasons = [r for r, apis in summary.get("not_checked", {}).items() if key in apis]
-    errors = [e.get("error", "") for e in summary.get("errors", [])]
-    return NOT_CHECKED, "; ".join(reasons + errors)[:200] or f"{key} was not called through its public name"
-
-
-def _short(v: Any) -> str:
-    if isinstance(v, float) and math.isfinite(v):
-        return f"{v:.3g}"
-    return str(v)
-
-
 def measure(case: CatalogueCase, device: str, probe_config: Any = None, samples: int = SAMPLES) -> CatalogueResult:
+    """Measure a case on its framework: PyTorch's on `device`, MindSpore's on its configured target."""
     if case.framework == "mindspore":
-        from pytest_msprobe.catalogue.mindspore_ops import measure_mindspore
-
         return measure_mindspore(case, samples)
     return measure_torch(case, device, probe_config, samples)
 

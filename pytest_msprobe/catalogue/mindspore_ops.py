@@ -19,9 +19,20 @@ from typing import Any
 import numpy as np
 
 from probes.core.accumulation import accumulation_ratio
+from probes.core.errors import ConfigError
 from probes.core.ulps import UlpSummary, ulp_errors
 from pytest_msprobe.catalogue import accumulating
-from pytest_msprobe.catalogue.cases import SAMPLES, CatalogueCase
+from pytest_msprobe.catalogue.draws import draw_examples
+from pytest_msprobe.catalogue.records import (
+    NOT_APPLICABLE,
+    SAMPLES,
+    CatalogueCase,
+    CatalogueResult,
+    NothingToMeasure,
+    first_line,
+    largest,
+    summary_verdict,
+)
 
 FORMS = ("unary", "unary_dim", "binary", "reduce")
 _FAMILIES = {"Torch": ("", "Mint."), "Functional": ("nn.functional", "MintFunctional.")}
@@ -83,24 +94,16 @@ def _host(t: Any) -> np.ndarray:
         np.float64)
 
 
-def measure_mindspore(case: CatalogueCase, samples: int = SAMPLES) -> Any:
+def measure_mindspore(case: CatalogueCase, samples: int = SAMPLES) -> CatalogueResult:
+    """Measure a MindSpore case as measure.measure_torch does a PyTorch one (module docstring)."""
     import mindspore as ms
 
     from probes.backends import mindspore_xp
     from pytest_msprobe.api.strategies import api_inputs
-    from pytest_msprobe.catalogue.measure import (
-        NOT_APPLICABLE,
-        CatalogueResult,
-        NothingToMeasure,
-        _first_line,
-        _seed,
-        draw_examples,
-        largest,
-    )
 
     mindspore_xp.warm_up()  # MindSpore with NumPy 2 fails its first operator once
     dtype = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}[case.dtype]
-    drawn = draw_examples(api_inputs(case.ref, case.dtype), samples + 1, _seed(case))[1:]  # not the all-zero first
+    drawn = draw_examples(api_inputs(case.ref, case.dtype), samples + 1, case.seed)[1:]  # not the all-zero first
     fn_key = case.key
     inputs = [([_to_ms(a, dtype) for a in args], kwargs) for args, kwargs in drawn]
     kind = accumulating.family(case.api)
@@ -114,7 +117,7 @@ def measure_mindspore(case: CatalogueCase, samples: int = SAMPLES) -> Any:
                 out = _callable(fn_key)(*args, **kwargs)
                 got, want = _host(out), _host(ref)
         except Exception as exc:  # no kernel for this dtype on this target, or another signature
-            failures.append(f"{type(exc).__name__}: {_first_line(exc)}")
+            failures.append(f"{type(exc).__name__}: {first_line(exc)}")
             continue
         if got.shape != want.shape:
             failures.append(f"output shape {got.shape} differs from the reference's {want.shape}")
@@ -151,9 +154,7 @@ def _ratios(kind: str, key: str, ref_args: list[Any], kwargs: dict[str, Any], go
 
 
 def _verdict(case: CatalogueCase, inputs: list[tuple[list[Any], dict]]) -> tuple[str, str]:
-    from probes.core.errors import ConfigError
     from probes.mindspore import PrecisionDebugger
-    from pytest_msprobe.catalogue.measure import NOT_APPLICABLE, summary_verdict
 
     with tempfile.TemporaryDirectory(prefix="msprobe-catalogue-") as tmp:
         try:

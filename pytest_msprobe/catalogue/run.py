@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 
 from pytest_msprobe.catalogue import gate
-from pytest_msprobe.catalogue.cases import CatalogueCase
+from pytest_msprobe.catalogue.records import CatalogueCase, NothingToMeasure
+from pytest_msprobe.options import options_of, test_dump_path
 
 
 def run_case(case: CatalogueCase, item: pytest.Item) -> None:
-    from pytest_msprobe.catalogue.measure import NothingToMeasure, measure
+    from pytest_msprobe.catalogue.measure import measure
     from pytest_msprobe.golden.checks import golden_root, machine
-    from pytest_msprobe.plugin import options_of, test_dump_path
 
     options = options_of(item.config)
     device = options.device if case.framework == "torch" else "cpu"

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import functools
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from probes.core.versions import imported_frameworks, versions
 from pytest_msprobe.golden.store import GoldenOutcome, GoldenStore
 
 
@@ -20,10 +20,9 @@ def store_for(options: Any, device: str | None = None) -> GoldenStore:
     from probes.backends.hardware import software
 
     device = device or options.device
-    provenance: dict[str, Any] = {"device": device}
-    for module in ("torch", "mindspore"):
-        if module in sys.modules:
-            provenance[module] = str(getattr(sys.modules[module], "__version__", "?"))
+    # torch_npu's version is the NPU device's software (software() records it), not a CPU run's
+    frameworks = [m for m in imported_frameworks() if m != "torch_npu"]
+    provenance: dict[str, Any] = {"device": device, **versions(*frameworks, python=False)}
     provenance.update(software(device))
     return GoldenStore(golden_root(options), regen=options.regen_golden,
                        provenance=provenance, hardware=machine(device).to_dict())

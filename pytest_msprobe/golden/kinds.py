@@ -10,6 +10,10 @@ written with fixed zip timestamps, so equal data always gives equal bytes.
   ``g > 0`` array flattened and ``np.packbits``-ed; ``shape/{unit}/step{N}/{param}``: its shape;
   parameter names percent-encoded as in the dump's file names).
 * online_dispatch -> ``failing_ops.csv``: ``op,calls,cosine,max_abs_err`` (worst figures per op).
+
+The margins a run's figures are allowed against a golden's (FB_MARGIN, GRAD_RTOL, ...) are defined
+here: they are the goldens' own. The gradient-direction rule's limits are grad_probe's
+(probes/core/thresholds.py), applied to the golden run as to any other.
 """
 
 from __future__ import annotations
@@ -22,16 +26,20 @@ import re
 import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import IntEnum
 from pathlib import Path
 from typing import Any, Callable, Union
 
 import numpy as np
 
 from probes.core.errors import ConfigError
+from probes.core.number_format import short_number
+from probes.core.thresholds import DIRECTION_FIRST_STEP_MIN as FIRST_STEP_MIN
+from probes.core.thresholds import DIRECTION_MAX_DROP as MAX_DROP
 from probes.core.writers import read_csv_rows
 from probes.grad_probe.comparator import is_dump_root, rank_dirs, step_csvs, step_dirs
 from probes.grad_probe.csv_format import file_name_for_param, param_from_file_name
-from probes.grad_probe.direction_rule import FIRST_STEP_MIN, MAX_DROP, apply_rule
+from probes.grad_probe.direction_rule import apply_rule
 
 # free_benchmark margin: a figure regresses when it exceeds golden + max(FB_MARGIN * |golden|, FB_MARGIN_ABS)
 FB_MARGIN = 0.10
@@ -40,23 +48,35 @@ FB_MARGIN_ABS = 1e-4
 GRAD_RTOL = 1e-2
 GRAD_ATOL = 1e-6
 
-# failure ordering: structure problems, then verdict changes, then figures by how far out they are
-_STRUCTURE = 3e300
-_VERDICT = 2e300
-_DIRECTION = 1e300
+
+class Category(IntEnum):
+    """What a failure is about, in the order failures are listed (highest first): a run of another
+    shape makes its figures moot, and a verdict that changed says more than a figure that grew."""
+
+    FIGURE = 0  # a figure beyond its bound
+    DIRECTION = 1  # a gradient-direction flag
+    VERDICT = 2  # a verdict word that appeared or changed (symbol_flipping, nan_mismatch, ...)
+    STRUCTURE = 3  # ranks, steps, parameters or shapes that differ from the golden's
 
 
 @dataclass
 class Failure:
-    """One offending item: ``text`` is its message line; larger ``severity`` is shown first."""
+    """One offending item: ``text`` is its message line. Failures are listed by category, then by
+    ``severity`` (how far out: bounds exceeded, or how far a similarity fell), largest first."""
 
     item: str
     reason: str
     text: str
-    severity: float
+    category: Category
+    severity: float = 0.0
     golden: Any = None
     now: Any = None
     allowed: Any = None
+
+    @property
+    def rank(self) -> tuple[int, float]:
+        """The sort key of the listing, worst largest."""
+        return (int(self.category), self.severity)
 
     def to_dict(self) -> dict[str, Any]:
         return {"item": self.item, "reason": self.reason, "text": self.text, "golden": _jsonable(self.golden),
@@ -87,7 +107,8 @@ Figure = Union[float, str, None]
 
 
 def fmt(value: Any) -> str:
-    """A cell: floats as repr (exact round trip), None as empty."""
+    """A cell: floats as repr, not the short rendering of messages (probes.core.number_format),
+    because a golden must read back the very figure it stored; None as empty."""
     if value is None:
         return ""
     if isinstance(value, float):
@@ -112,9 +133,9 @@ def parse_figure(value: Any) -> Figure:
 
 
 def shown(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return "none" if value is None else str(value)
+    """A figure in a failure message: 6 digits, so a golden figure and the run's that differ in the
+    5th digit still read differently."""
+    return short_number(value, 6, missing="none")
 
 
 def _jsonable(value: Any) -> Any:
@@ -260,13 +281,16 @@ def fb_compare(golden: dict[str, FbEntry], now: dict[str, FbEntry], margin: floa
         fig = c.worst_max_rel
         if not g_flagged:
             thr = c.threshold
-            sev = _VERDICT if _verdict(fig) or fig is None else fig / thr if thr else fig
+            if _verdict(fig) or fig is None:
+                category, sev = Category.VERDICT, 0.0
+            else:
+                category, sev = Category.FIGURE, fig / thr if thr else fig
             where = "not in the golden" if g is None else f"checked clean in the golden ({g.checked} calls)"
             bound = f"threshold {shown(thr)}" if thr is not None else "no inconsistent call"
             figure = "no max_rel figure" if fig is None else f"max_rel {shown(fig)}"
             failures.append(Failure(api, "newly_flagged", f"{api}: newly flagged, {figure} (allowed: "
-                                    f"{bound}; {where}; {c.flagged} of {c.checked} calls inconsistent)", sev,
-                                    None, fig, thr))
+                                    f"{bound}; {where}; {c.flagged} of {c.checked} calls inconsistent)", category,
+                                    sev, None, fig, thr))
             continue
         gf = g.worst_max_rel
         gv, cv = _verdict(gf), _verdict(fig)
@@ -277,18 +301,18 @@ def fb_compare(golden: dict[str, FbEntry], now: dict[str, FbEntry], margin: floa
                 improved.append(f"{api} {gv} -> max_rel {shown(fig)}")
             elif cv != gv:
                 failures.append(Failure(api, "verdict_changed", f"{api}: verdict {cv} where the golden had {gv}",
-                                        _VERDICT, gv, cv, gv))
+                                        Category.VERDICT, 0.0, gv, cv, gv))
             continue
         bound_v = fb_bound(gf, margin, margin_abs)
         data[api]["allowed"] = _jsonable(bound_v)
         if cv is not None:
             failures.append(Failure(api, "verdict", f"{api}: {cv} where the golden had max_rel {shown(gf)} "
-                                    f"(allowed <= {shown(bound_v)})", _VERDICT, gf, cv, bound_v))
+                                    f"(allowed <= {shown(bound_v)})", Category.VERDICT, 0.0, gf, cv, bound_v))
         elif fig > bound_v:
             failures.append(Failure(api, "max_rel_grew", f"{api}: max_rel {shown(fig)} > allowed {shown(bound_v)} "
                                     f"(golden {shown(gf)}, +{(fig - gf) / gf * 100 if gf else math.inf:.0f}%; "
-                                    f"{c.flagged} of {c.checked} calls inconsistent)", fig / bound_v if bound_v else
-                                    math.inf, gf, fig, bound_v))
+                                    f"{c.flagged} of {c.checked} calls inconsistent)", Category.FIGURE,
+                                    fig / bound_v if bound_v else math.inf, gf, fig, bound_v))
         elif fig < gf - max(margin * abs(gf), margin_abs):
             improved.append(f"{api} max_rel {shown(gf)} -> {shown(fig)}")
     info = []
@@ -375,7 +399,7 @@ def od_compare(golden: dict[str, OdEntry], now: dict[str, OdEntry]) -> Compariso
         sev = 2.0 if not isinstance(cos, float) or math.isnan(cos) else 1.0 - cos
         failures.append(Failure(op, "new_failing_op", f"{op}: fails now (cosine {shown(cos)}, max_abs_err "
                                 f"{shown(e.max_abs_err)}, {e.calls} call(s)); the golden does not list it as failing "
-                                "(allowed: not failing)", sev, None, {"cosine": _jsonable(cos),
+                                "(allowed: not failing)", Category.FIGURE, sev, None, {"cosine": _jsonable(cos),
                                 "max_abs_err": _jsonable(e.max_abs_err)}, None))
     fixed = sorted(set(golden) - set(now))
     info = []
@@ -538,9 +562,9 @@ def grad_compare(golden: GradRun, now: GradRun, first_step_min: float = FIRST_ST
             by_unit.setdefault(k[0], set()).add(k)
     g_units, c_units = set(g_by_unit), set(c_by_unit)
     for unit in sorted(g_units - c_units):
-        failures.append(Failure(unit, "missing_unit", f"{unit}: in the golden, not in this run", _STRUCTURE))
+        failures.append(Failure(unit, "missing_unit", f"{unit}: in the golden, not in this run", Category.STRUCTURE))
     for unit in sorted(c_units - g_units):
-        failures.append(Failure(unit, "extra_unit", f"{unit}: in this run, not in the golden", _STRUCTURE))
+        failures.append(Failure(unit, "extra_unit", f"{unit}: in this run, not in the golden", Category.STRUCTURE))
     similarity_data: dict[str, Any] = {}
     cells = regressed_direction = 0
     stat_failures: list[Failure] = []
@@ -551,10 +575,10 @@ def grad_compare(golden: GradRun, now: GradRun, first_step_min: float = FIRST_ST
         only_g, only_c = sorted(set(g_steps) - set(c_steps)), sorted(set(c_steps) - set(g_steps))
         if only_g:
             failures.append(Failure(unit, "missing_steps", f"{unit}: steps in the golden only: {_steps_text(only_g)}",
-                                    _STRUCTURE, only_g, None))
+                                    Category.STRUCTURE, 0.0, only_g, None))
         if only_c:
             failures.append(Failure(unit, "extra_steps", f"{unit}: steps in this run only: {_steps_text(only_c)}",
-                                    _STRUCTURE, None, only_c))
+                                    Category.STRUCTURE, 0.0, None, only_c))
         steps = sorted(set(g_steps) & set(c_steps))
         step_set = set(steps)
         g_params: dict[str, list[int]] = {}
@@ -573,7 +597,8 @@ def grad_compare(golden: GradRun, now: GradRun, first_step_min: float = FIRST_ST
                 names = ", ".join(f"{p} (steps {_steps_text(s)})" for p, s in sorted(gone.items())[:5])
                 failures.append(Failure(unit, f"{'missing' if label == 'golden' else 'extra'}_params",
                                         f"{unit}: {len(gone)} parameter(s) {where}: {names}"
-                                        + (" ..." if len(gone) > 5 else ""), _STRUCTURE, sorted(gone)))
+                                        + (" ..." if len(gone) > 5 else ""), Category.STRUCTURE, 0.0,
+                                        sorted(gone)))
         params = sorted(set(g_params) & set(c_params))
         sim: dict[str, dict[int, float | None]] = {p: {} for p in params}
         agree: dict[tuple[str, int], tuple[int, int]] = {}
@@ -590,8 +615,8 @@ def grad_compare(golden: GradRun, now: GradRun, first_step_min: float = FIRST_ST
                 if gb is not None and cb is not None:
                     if gb[1] != cb[1]:
                         failures.append(Failure(f"{unit} {p}", "shape_changed", f"{unit} step {step} {p}: gradient "
-                                                f"shape {list(cb[1])}, golden {list(gb[1])}", _STRUCTURE, list(gb[1]),
-                                                list(cb[1])))
+                                                f"shape {list(cb[1])}, golden {list(gb[1])}", Category.STRUCTURE,
+                                                0.0, list(gb[1]), list(cb[1])))
                         bad_cells.add(key)
                     else:
                         same, total = _agree(gb, cb)
@@ -603,7 +628,7 @@ def grad_compare(golden: GradRun, now: GradRun, first_step_min: float = FIRST_ST
                 elif gb is not None or cb is not None:
                     side = "the golden" if gb is not None else "this run"
                     failures.append(Failure(f"{unit} {p}", "direction_missing", f"{unit} step {step} {p}: direction "
-                                            f"data only in {side}", _STRUCTURE))
+                                            f"data only in {side}", Category.STRUCTURE))
                     bad_cells.add(key)
                 elif gs is not None and cs is not None and gs.md5 and cs.md5:
                     value = 1.0 if gs.md5 == cs.md5 else 0.0
@@ -620,7 +645,7 @@ def grad_compare(golden: GradRun, now: GradRun, first_step_min: float = FIRST_ST
             counted = f" [{same_total[0]}/{same_total[1]} elements agree with the golden]" if same_total else ""
             failures.append(Failure(f"{unit} {flag.param}", f"direction_{flag.reason}",
                                     f"{unit} {flag.param}: {flag.describe(first_step_min, max_drop)}{counted}",
-                                    _DIRECTION * (2.0 - flag.similarity) / 2.0, flag.previous, flag.similarity,
+                                    Category.DIRECTION, 1.0 - flag.similarity, flag.previous, flag.similarity,
                                     first_step_min if flag.previous is None else flag.previous - max_drop))
             bad_cells.add((unit, flag.step, flag.param))
             regressed_direction += 1
@@ -629,7 +654,7 @@ def grad_compare(golden: GradRun, now: GradRun, first_step_min: float = FIRST_ST
                                  "summary": [(a / t if t else None) for a, t in (summary[s] for s in steps)],
                                  "lowest": lowest}
     failures.extend(stat_failures)
-    structure = sum(1 for f in failures if f.severity == _STRUCTURE)
+    structure = sum(1 for f in failures if f.category == Category.STRUCTURE)
     counts = {"cells": cells, "regressed_cells": len(bad_cells), "direction_flags": regressed_direction,
               "statistics": len(stat_failures), "structure": structure}
     rule = (f"direction similarity to the golden >= {first_step_min} at the first step and no drop > {max_drop} "
@@ -640,7 +665,7 @@ def grad_compare(golden: GradRun, now: GradRun, first_step_min: float = FIRST_ST
                     "difference(s)")
     else:
         lows = [v for d in similarity_data.values() for v in d["lowest"] if v is not None]
-        low = f"; lowest direction similarity {min(lows):.6g}" if lows else ""
+        low = f"; lowest direction similarity {shown(min(lows))}" if lows else ""
         headline = f"{cells} (rank, step, parameter) cells match the golden{low}"
     info = [f"notes: {'; '.join(now.notes[:3])}"] if now.notes else []
     return Comparison(failures, headline, rule, info, counts, {"similarity": similarity_data})
@@ -657,8 +682,8 @@ def _stat_failure(unit: str, step: int, param: str, fig: str, g: float | None, c
     if diff <= allowed:
         return None
     return Failure(f"{unit} {param}", f"{fig}_out_of_tolerance", f"{unit} step {step} {param} {fig}: golden {shown(g)}, now "
-                   f"{shown(c)}, allowed ±{allowed:.3g} (|diff| {shown(diff)})", diff / allowed if allowed else math.inf,
-                   g, c, allowed)
+                   f"{shown(c)}, allowed ±{short_number(allowed, 3)} (|diff| {shown(diff)})", Category.FIGURE,
+                   diff / allowed if allowed else math.inf, g, c, allowed)
 
 
 GRAD_RUN = Kind("grad_run", grad_render, grad_load)

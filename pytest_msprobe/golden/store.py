@@ -20,16 +20,14 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-import platform
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
-import numpy as np
-
 from probes.core.errors import ConfigError
-from probes.core.writers import write_text_atomic
+from probes.core.versions import versions
+from probes.core.writers import write_bytes_atomic, write_text_atomic
 from pytest_msprobe.golden import kinds
 
 META = "meta.json"
@@ -69,9 +67,7 @@ def validate_name(name: object) -> str:
 
 def base_versions() -> dict[str, str]:
     """The versions every golden records; the caller adds its framework and device."""
-    from probes import __version__ as probes_version
-
-    return {"python": platform.python_version(), "numpy": np.__version__, "probes": probes_version}
+    return versions("numpy", "probes")
 
 
 def describe_made_with(made_with: dict[str, Any]) -> str:
@@ -177,7 +173,7 @@ class GoldenStore:
             lines = [f"golden {name} ({kind.name}): {result.headline}", *info_line, provenance]
             return GoldenOutcome(True, False, "\n".join(lines), details)
         lines = [f"golden {name} ({kind.name}) regressed: {result.headline}"]
-        ordered = sorted(result.failures, key=lambda f: -f.severity)
+        ordered = sorted(result.failures, key=lambda f: f.rank, reverse=True)
         lines += [f"  {f.text}" for f in ordered[:MAX_ITEM_LINES]]
         if len(ordered) > MAX_ITEM_LINES:
             lines.append(f"  ... and {len(ordered) - MAX_ITEM_LINES} more (details['failures'])")
@@ -218,7 +214,7 @@ class GoldenStore:
             meta["hardware"] = self.hardware
         folder.mkdir(parents=True, exist_ok=True)
         for fname, data in sorted(files.items()):
-            _write_bytes_atomic(folder / fname, data)
+            write_bytes_atomic(folder / fname, data)
         for stale in old_meta.get("files", []) if isinstance(old_meta.get("files"), list) else []:
             if isinstance(stale, str) and stale not in files and _NAME_PART.match(stale) and stale != META:
                 try:
@@ -254,20 +250,6 @@ def _read_bytes(path: Path) -> bytes | None:
         return path.read_bytes()
     except OSError:
         return None
-
-
-def _write_bytes_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
-        raise
 
 
 def _shown_path(path: Path) -> str:

@@ -32,12 +32,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from probes.core.config import TASKS
 from probes.core.dispatch_metrics import COS_MAX_THRESHOLD, COS_THRESHOLD
 from probes.core.errors import ConfigError
+from probes.core.number_format import short_number
 from probes.core.thresholds import DIRECTION_FIRST_STEP_MIN, DIRECTION_MAX_DROP
 from probes.core.writers import write_text_atomic
 from probes.grad_probe.direction_rule import SUMMARY_ROW, Flag, flag_series
-from pytest_msprobe.plugin import TASKS
 
 # Bounds that keep a report of a huge suite readable and small; what is left out is counted.
 PLOT_MAX_BARS = 40
@@ -167,15 +168,20 @@ def _catalogue(results: Any) -> str:
 
 
 def _catalogue_header(session: Mapping[str, Any]) -> str:
+    label = "API precision catalogue" if session.get("catalogue") else "per-API checks"
+    cards = _cards(_outcome_cards(session, [], "test")) if _mapping(session.get("session")) else ""
+    return _page_header(session, label, cards)
+
+
+def _page_header(session: Mapping[str, Any], label: str, body: str) -> str:
+    """The report's header: what ran, when, where and with which versions, then `body` (cards)."""
     date = session.get("date") or _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     versions = _mapping(session.get("versions"))
     meta = [("date", date), ("device", session.get("device") or "\u2014"),
             ("versions", ", ".join(f"{k} {v}" for k, v in versions.items()) or "\u2014")]
     dl = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in meta)
-    label = "API precision catalogue" if session.get("catalogue") else "per-API checks"
-    cards = _cards(_outcome_cards(session, [], "test")) if _mapping(session.get("session")) else ""
     return (f'<header><h1>msprobe report <span class="tool">{_e(label)}</span></h1>'
-            f'<dl class="meta">{dl}</dl>{cards}</header>')
+            f'<dl class="meta">{dl}</dl>{body}</header>')
 
 
 def find_chromium() -> str | None:
@@ -262,11 +268,7 @@ def _finite(v: Any) -> bool:
 
 
 def _fmt(v: Any) -> str:
-    if v is None:
-        return "\u2014"
-    if isinstance(v, float):
-        return f"{v:.4g}" if math.isfinite(v) else str(v)
-    return str(v)
+    return short_number(v, missing="\u2014")
 
 
 def _shorten(text: str, limit: int = LABEL_MAX_CHARS) -> str:
@@ -481,10 +483,6 @@ def _similarity_plot(steps: Sequence[int], rows: Sequence[tuple[str, Sequence[fl
 # --------------------------------------------------------------------------------------------
 
 def _header(session: Mapping[str, Any], tool: str, tests: Mapping[str, Any], unit: str = "test") -> str:
-    date = session.get("date") or _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    versions = _mapping(session.get("versions"))
-    meta = [("date", date), ("device", session.get("device") or "\u2014"),
-            ("versions", ", ".join(f"{k} {v}" for k, v in versions.items()) or "\u2014")]
     entries = [_mapping(t) for t in tests.values()]
     findings_key = FINDINGS[tool][0]
     counts = _outcome_cards(session, [str(t.get("outcome", "")) for t in entries], unit)
@@ -494,10 +492,7 @@ def _header(session: Mapping[str, Any], tool: str, tests: Mapping[str, Any], uni
                 "bad" if any(_list(t.get(findings_key)) for t in entries) else "good"),
                ("with probe errors", sum(1 for t in entries if _list(t.get("errors"))),
                 "warn" if any(_list(t.get("errors")) for t in entries) else "")]
-    dl = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in meta)
-    return (f"<header><h1>msprobe report <span class=\"tool\">{_e(tool)}</span></h1>"
-            f'<dl class="meta">{dl}</dl>{_config_summary(_mapping(session.get("config")), tool)}'
-            f'{_cards(counts)}</header>')
+    return _page_header(session, tool, _config_summary(_mapping(session.get("config")), tool) + _cards(counts))
 
 
 def _outcome_cards(session: Mapping[str, Any], outcomes: list[str], unit: str) -> list[tuple[str, int, str]]:
@@ -576,24 +571,15 @@ def _apis_section(apis: Mapping[str, Any], ran: bool, unit: str = "test") -> str
     parts = [title]
     if not risky:
         parts.append(f'<p class="ok">Nothing flagged: {len(stats)} APIs, {checked} calls checked, '
-                     "all within their thresholds.</p>")
+                     "all within their thresholds. Bars: how close each API came, its largest error divided by "
+                     "its threshold (log scale); the line is the threshold.</p>")
     else:
         parts.append(f'<p>{len(risky)} of {len(stats)} APIs inconsistent under perturbation '
-                     f"({checked} calls checked). Bars: the worst max_rel divided by the API's threshold "
-                     "(log scale); right of the line is beyond the threshold.</p>")
-        entries = []
-        for api, s in risky[:PLOT_MAX_BARS]:
-            ratio, text, beyond = _api_figure(s)
-            entries.append((api, ratio, text, _RED if beyond else _BLUE))
-        if any(v is not None for _, v, _, _ in entries):
-            lines = [(1.0, "--", "threshold (max_rel = threshold)")]
-        else:
-            lines = []
-        parts.append(_hbar_plot(entries, xlabel="worst max_rel / threshold", log=True, lines=lines,
-                                alt="worst max_rel per API relative to its threshold"))
-        if len(risky) > PLOT_MAX_BARS:
-            parts.append(f'<p class="muted">The plot shows the {PLOT_MAX_BARS} worst APIs; '
-                         f"{len(risky) - PLOT_MAX_BARS} more are in the table.</p>")
+                     f"({checked} calls checked). Bars: the worst max_rel divided by the API's threshold, and for "
+                     "the APIs within their thresholds how close they came (log scale); right of the line is beyond "
+                     "the threshold.</p>")
+    parts.append(_worst_plot(risky, clean, stats))
+    if risky:
         rows = []
         for api, s in risky[:TABLE_MAX_ROWS]:
             ratio, _, beyond = _api_figure(s)
@@ -609,6 +595,32 @@ def _apis_section(apis: Mapping[str, Any], ran: bool, unit: str = "test") -> str
     if clean:
         parts.append(_closest_table(clean, stats, open_=not risky))
     return '<section id="apis">' + "".join(parts) + "</section>"
+
+
+def _worst_plot(risky: list[tuple[str, Mapping[str, Any]]], clean: list[str],
+                stats: Mapping[str, Mapping[str, Any]]) -> str:
+    """One plot of every API's worst figure against its threshold (1 on the axis): the flagged
+    APIs' worst max_rel / threshold in red, then the clean APIs' closest approach in blue."""
+    entries = []
+    for api, s in risky:
+        ratio, text, beyond = _api_figure(s)
+        entries.append((api, ratio, text, _RED if beyond else _BLUE))
+    # an API whose outputs did not move at all (score 0) has no bar on a log axis: the table lists it
+    margins = [(a, float(stats[a]["worst_score"])) for a in clean
+               if _finite(stats[a].get("worst_score")) and float(stats[a]["worst_score"]) > 0]
+    for api, score in sorted(margins, key=lambda am: (-am[1], am[0])):
+        entries.append((api, score, f"{score:.3g}\u00d7 threshold", _BLUE))
+    shown = entries[:PLOT_MAX_BARS]
+    if not shown:
+        return ""
+    # non-finite figures are hatched bars across the axis; the threshold line needs a finite one
+    lines = [(1.0, "--", "threshold")] if any(v is not None for _, v, _, _ in shown) else []
+    plot = _hbar_plot(shown, xlabel="worst error / threshold", log=True, lines=lines,
+                      alt="worst error per API relative to its threshold")
+    if len(entries) > PLOT_MAX_BARS:
+        plot += (f'<p class="muted">The plot shows the {PLOT_MAX_BARS} APIs nearest or beyond their thresholds; '
+                 f"{len(entries) - PLOT_MAX_BARS} more are in the tables.</p>")
+    return plot
 
 
 def _closest_table(clean: list[str], stats: Mapping[str, Mapping[str, Any]], open_: bool) -> str:

@@ -18,10 +18,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+from probes.core.config import TASKS
 from probes.core.errors import ConfigError
 from probes.core.writers import write_json_atomic
-from pytest_msprobe.plugin import TASKS
-from pytest_msprobe.tasks import TASKS as TASK_CLASSES
+from pytest_msprobe.tasks import TASK_RUNNERS
 
 MERGED_NAME = "summary_merged.json"
 REPORT_NAME = "report_merged.html"
@@ -77,7 +77,7 @@ def merge_ranks(dump_path: str | os.PathLike[str], tool: str | None = None, *, w
         per_rank[rank] = {"status": status, "summaries": [str(p) for p in files[rank]], "findings": len(found),
                           "first": found[0] if found else None, "errors": errors}
     findings.sort(key=lambda f: (math.inf if f["step"] is None else f["step"], f["rank"], f["order"]))
-    task = TASK_CLASSES[tool]()
+    task = TASK_RUNNERS[tool]()
     merged: dict[str, Any] = {
         "tool": tool,
         "dump_path": str(root),

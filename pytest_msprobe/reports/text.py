@@ -13,10 +13,6 @@ from typing import Any
 from probes.core.records import rule_figures
 
 
-class PrecisionRiskError(AssertionError):
-    """A test whose run tripped a precision rule."""
-
-
 def sort_figure(v: Any) -> float:
     """A max_rel as a number to sort by: verdict strings (nan_mismatch, ...) rank worst."""
     if isinstance(v, (int, float)):

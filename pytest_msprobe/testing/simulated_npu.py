@@ -1,79 +1,38 @@
-"""Run "NPU" code paths of PyTorch programs on a CPU-only machine.
+"""A simulated Ascend NPU for PyTorch on a CPU-only machine: the probes' NPU paths (device
+tensors, torch_npu's fused operators, device-to-host transfers) are tested where no NPU exists.
 
 Usage::
 
-    from pytest_msprobe.testing import simulated_npu
-
     with simulated_npu() as npu:
-        import torch_npu                      # a stand-in module, only importable inside the block
+        import torch_npu                      # a stand-in, importable only inside the block
 
-        x = torch.randn(4, 8, device="npu")   # factory functions accept device="npu"
-        layer = torch.nn.Linear(8, 8).to("npu")
-        y, rstd = torch_npu.npu_rms_norm(layer(x), torch.ones(8, device="npu"))
-        assert y.device.type == "npu"
+        x = torch.randn(4, 8, device="npu")
+        y, rstd = torch_npu.npu_rms_norm(x, torch.ones(8, device="npu"))
         y.sum().backward()
-        print(npu.host_transfers)             # device->host transfers so far (0 here)
+        print(npu.host_transfers)             # device-to-host transfers so far
 
-    # Seed a precision defect into one fused operator, e.g. for testing a precision-debugging tool:
     with simulated_npu(defects={"npu_rms_norm": "reduced_precision"}):
-        ...
+        ...                                   # a known precision bug, to test a precision tool on
 
-What is simulated
------------------
-* ``torch.device("npu:0")``: PyTorch's PrivateUse1 backend is renamed to ``"npu"``.
-* Device tensors: a wrapper tensor subclass (:class:`SimulatedNPUTensor`) that reports
-  ``device.type == "npu"`` while its data lives in an ordinary CPU tensor; every ATen op is run on the
-  CPU through ``__torch_dispatch__`` and the results are re-wrapped.  Autograd, ``nn.Module.to("npu")``
-  and optimizers work on them.
-* ``x.to("npu")`` / ``x.npu()`` and factory functions with ``device="npu"`` (``torch.randn``,
-  ``torch.zeros``, ``torch.empty``, ``torch.ones``, ``torch.tensor``...), through Python kernels for
-  ``aten::empty.memory_format`` and ``aten::empty_strided`` registered for PrivateUse1.
-* Hardware strictness: float64 tensors cannot be created on (or cast to) the device, and
-  ``.numpy()`` of a device tensor fails.
-* :attr:`SimulatedNPU.host_transfers` counts device->host transfers (``.cpu()``, ``.to("cpu")``,
-  ``.item()``, ``.tolist()``, ``bool(t)``, ``float(t)``, ``int(t)``, ``repr``/``print``, copying a device
-  tensor into a CPU tensor).
-* ``torch.npu`` (``is_available``, ``device_count``, ``current_device``, ``set_device``,
-  ``synchronize``, RNG state...) and an importable ``torch_npu`` stand-in whose fused operators
-  ``npu_rms_norm``, ``npu_swiglu`` and ``npu_rotary_mul`` (rotary_mode "half") are custom ops in
-  the ``npu`` namespace (``torch.ops.npu.npu_rms_norm``), with autograd. As with the real
-  torch_npu they have no CPU kernel: they run on device tensors only. Optional seeded defects
-  (``"reduced_precision"``: the forward kernel computes in bfloat16; ``"wrong_backward"``: the
-  backward kernel returns negated gradients) let other tools be tested on a known bug.
-* ``SimulatedNPUTensor.__simulated_device__ = "npu"`` tells tools that intercept ops (a
-  ``TorchDispatchMode`` sees the subclass in ``types``) to treat it as a plain device tensor.
+Simulated: the ``"npu"`` device (PyTorch's PrivateUse1 backend, renamed), whose tensors wrap CPU
+tensors and run every ATen op with the CPU kernel (autograd, ``Module.to("npu")`` and optimizers
+work); ``torch.npu`` with one device; the hardware's refusals (no float64 on the device, no
+``.numpy()`` of a device tensor); a count of device-to-host transfers; and a ``torch_npu``
+stand-in whose fused operators (the keys of `SUPPORTED_DEFECTS`) are ``npu::`` custom ops with
+autograd and, as on the hardware, no CPU kernel. A fused operator can be seeded with a defect:
+``"reduced_precision"`` computes its forward in bfloat16, ``"wrong_backward"`` negates its
+gradients.
 
-What is NOT simulated
----------------------
-* Real kernels' numerics: every op runs the CPU kernel, so results match the CPU, not Ascend hardware
-  (different accumulation orders, internal precisions, fused-kernel behaviour).
-* Stream asynchrony: everything is synchronous; ``synchronize()`` and streams are no-ops, so races
-  and missing synchronisations cannot be found with it.
-* HCCL / distributed collectives, device memory limits and out-of-memory, multiple devices
-  (``device_count()`` is 1), AMP/autocast for "npu", ``torch.compile``, and the rest of the real
-  ``torch_npu`` API (only the operators listed above exist).
-* ``npu_fusion_attention`` and the other fused operators of torch_npu (only the three above exist);
-  the fused ops' backward is the clean math's gradient (recomputed, not a fused backward kernel).
-* Autograd on device tensors needs the process-global setup before the process's first backward
-  pass (autograd sizes its per-device queues then): call :func:`prepare` early (conftest.py) when
-  other code may have run backward first.
-* Aliasing between views is kept at the data level (in-place writes through a view are visible in the
-  base) but autograd's view tracking for in-place ops on views of device tensors is not guaranteed.
+Not simulated: the hardware's numerics (results are the CPU's), asynchrony (streams and
+``synchronize()`` do nothing), collectives, memory limits, autocast, ``torch.compile``, the rest of
+torch_npu, and npu_fusion_attention beyond dense, dropout-free attention.
 
-Process-global side effects (cannot be undone)
-----------------------------------------------
-``torch.utils.rename_privateuse1_backend`` can only be called once per process and cannot be reverted,
-and the Python device guard / hooks for PrivateUse1 cannot be unregistered.  So the first
-``simulated_npu()`` (or :func:`prepare`) permanently makes ``torch.device("npu")`` parse, adds
-``Tensor.npu()`` / ``Tensor.is_npu`` (from ``torch.utils.generate_methods_for_privateuse1_backend``)
-and registers ``torch.npu`` (PyTorch's accelerator API then looks it up and caches it); outside a
-block ``torch.npu.is_available()`` is False and ``device_count()`` 0.  Everything else (``torch_npu``
-in ``sys.modules``, the ATen kernels that create device tensors, the ``npu::`` custom ops) is
-installed on entry and removed on exit, even on exceptions; outside the block
-creating a tensor on ``"npu"`` fails (device tensors that outlive the block are plain Python objects and
-keep working, e.g. ``.cpu()``, but are not counted in any ``host_transfers``).  Re-entering later in the same process works; nesting does not
-(a clear :class:`SimulatedNPUError` is raised).  If a real ``torch_npu`` is imported, or PrivateUse1 was
-claimed by another backend, ``simulated_npu()`` refuses with :class:`SimulatedNPUError`.
+The first ``simulated_npu()`` or `prepare` changes the process for good: PrivateUse1 cannot be
+renamed back, so ``torch.device("npu")`` parses from then on and ``torch.npu`` stays registered
+(reporting no device outside a block). Autograd sizes its per-device queues at the process's first
+backward pass, so call `prepare` in conftest.py when a backward may run before the first block.
+The rest is installed on entry and removed on exit. Nesting, a real torch_npu, or a PrivateUse1
+claimed by another backend raise `SimulatedNPUError`.
 """
 
 from __future__ import annotations

@@ -1,0 +1,158 @@
+"""The plugin's options, validated once at configure time, and where each test's files go.
+
+A leaf of the plugin: the plugin, the catalogue's test runner and the reports read these without
+importing the plugin module (no import cycle through the hooks). It imports no framework.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from probes.backends.devices import DEVICES
+from probes.core.config import TASKS
+from probes.core.rules import FREE_BENCHMARK_RULES
+
+__all__ = ["FAIL_ON", "OPTIONS_KEY", "MsprobeOptions", "options_of", "test_dump_path"]
+
+#: --msprobe-fail-on: fail the tests that trip a rule, or only report them
+FAIL_ON = ("risk", "never")
+OPTIONS_KEY = pytest.StashKey["MsprobeOptions"]()
+
+
+def options_of(config: pytest.Config) -> MsprobeOptions:
+    """The plugin's validated options of this pytest run."""
+    return config.stash[OPTIONS_KEY]
+
+
+def _option(config: pytest.Config, name: str) -> Any:
+    value = config.getoption(f"--msprobe-{name.replace('_', '-')}")
+    if value is None:
+        value = config.getini(f"msprobe_{name}") or None
+    return value
+
+
+class MsprobeOptions:
+    """The plugin's options after validation; the probe config is read lazily (fixtures)."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.pytest_config = config
+        self.task: str | None = _option(config, "task")
+        self.cfg_file: str | None = _option(config, "config")
+        self.fail_on: str = _option(config, "fail_on") or "risk"
+        self.device_choice: str = _option(config, "device") or "auto"
+        self.regen_golden = bool(_option(config, "regen_golden"))
+        self.rule_given: str | None = _option(config, "rule")
+        if self.rule_given is not None and self.rule_given not in FREE_BENCHMARK_RULES:
+            raise pytest.UsageError(f"--msprobe-rule={self.rule_given!r}; allowed: {', '.join(FREE_BENCHMARK_RULES)}")
+        dump = _option(config, "dump_path")
+        self.root = Path(dump) if dump is not None else Path(config.rootpath) / ".msprobe"
+        self.dump_given = dump is not None
+        self._device: str | None = None
+        self.api_results: list[dict[str, Any]] = []  # one per @msprobe_api test that ran
+        self.catalogue_results: list[dict[str, Any]] = []  # one per API precision catalogue test
+        self.catalogue_info: dict[str, Any] | None = None  # the catalogue's files, for the summary
+        self.report: Path | None = None  # report.html of a session without --msprobe-task
+        self.report_error: str | None = None
+        self.outcomes: dict[str, str] = {}  # nodeid -> outcome of every test the session ran
+        if self.task is not None and self.task not in TASKS:
+            raise pytest.UsageError(f"--msprobe-task={self.task!r} is not a task; allowed: {', '.join(TASKS)}")
+        if self.fail_on not in FAIL_ON:
+            raise pytest.UsageError(f"--msprobe-fail-on={self.fail_on!r}; allowed: {', '.join(FAIL_ON)}")
+        if self.device_choice not in DEVICES:
+            raise pytest.UsageError(f"--msprobe-device={self.device_choice!r}; allowed: {', '.join(DEVICES)}")
+        if self.task is not None and self.cfg_file is not None:
+            self._check_config_task()
+        if self.device_choice in ("cuda", "npu"):  # asked for explicitly: it must be there
+            self.device  # noqa: B018 - resolve now, so a missing device stops the run before any test
+
+    def _file_has_dump_path(self) -> bool:
+        """Whether the config file names its own dump_path (else the plugin's default applies)."""
+        if self.cfg_file is None:
+            return False
+        try:
+            raw = json.loads(Path(self.cfg_file).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return True  # load_config reports the file's problem itself
+        return isinstance(raw, dict) and raw.get("dump_path") is not None
+
+    def _check_config_task(self) -> None:
+        """A config written for another task does not fit: say so before any test runs."""
+        try:
+            raw = json.loads(Path(self.cfg_file).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return  # load_config reports unreadable files with the key and the reason
+        file_task = raw.get("task") if isinstance(raw, dict) else None
+        if file_task is not None and file_task != self.task:
+            raise pytest.UsageError(
+                f"--msprobe-config {self.cfg_file} is a {file_task!r} config (its \"task\" key) but "
+                f"--msprobe-task={self.task}; allowed: a config whose task is {self.task!r} or has no task key")
+
+    @property
+    def device(self) -> str:
+        if self._device is None:
+            from probes.backends.devices import DeviceUnavailable, resolve_device
+
+            try:
+                self._device = resolve_device(self.device_choice)
+            except DeviceUnavailable as exc:
+                raise pytest.UsageError(f"--msprobe-device={self.device_choice}: {exc}") from None
+        return self._device
+
+    def probe_config(self, task: str | None, dump_path: Path | str | None = None, overrides: dict | None = None) -> Any:
+        """The effective config for `task`: the config file (if any), `overrides`, the dump path."""
+        from probes.core.config import load_config
+        from probes.core.errors import ConfigError
+
+        raw_dump = dump_path
+        if raw_dump is None and (self.dump_given or not self._file_has_dump_path()):
+            raw_dump = self.root
+        effective = self._with_rule(task, overrides)
+        try:
+            return load_config(self.cfg_file, task=task, overrides=effective or None,
+                               dump_path=None if raw_dump is None else str(raw_dump))
+        except ConfigError as exc:
+            where = f"--msprobe-config {self.cfg_file}" if self.cfg_file else "--msprobe-task"
+            if overrides:
+                raise
+            raise pytest.UsageError(f"{where}: {exc}") from None
+
+
+    def _with_rule(self, task: str | None, overrides: dict | None) -> dict | None:
+        """free_benchmark under pytest gates on the scaled rule unless told otherwise: by
+        --msprobe-rule / msprobe_rule (wins), a test's own override, or the config file's
+        "rule". Preheat tunes msprobe's ratio rule, so a run that asks for it keeps that rule."""
+        if task != "free_benchmark":
+            return overrides
+        given = dict(overrides or {})
+        if self.rule_given is not None:
+            return {**given, "rule": self.rule_given}
+        if "rule" in given or "free_benchmark.rule" in given:
+            return overrides
+        section = self._file_section("free_benchmark")
+        if "rule" in section:
+            return overrides
+        if given.get("if_preheat", given.get("free_benchmark.if_preheat", section.get("if_preheat"))) is True:
+            return overrides
+        return {**given, "rule": "scaled"}
+
+    def _file_section(self, name: str) -> dict:
+        if self.cfg_file is None:
+            return {}
+        try:
+            raw = json.loads(Path(self.cfg_file).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        section = raw.get(name) if isinstance(raw, dict) else None
+        return section if isinstance(section, dict) else {}
+
+
+def test_dump_path(root: Path, nodeid: str) -> Path:
+    """`{root}/tests/<nodeid made safe>`: one folder per test, so xdist workers never share a file
+    (probes.results maps the folder back to the node id)."""
+    from probes.results import folder_of_test
+
+    return root / "tests" / folder_of_test(nodeid)

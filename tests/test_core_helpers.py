@@ -1,0 +1,47 @@
+"""The shared helpers every error message and report uses: close-match hints, figures in text,
+the versions a result records, atomic writes."""
+
+from __future__ import annotations
+
+import math
+import sys
+
+from probes.core.hints import close_matches, did_you_mean
+from probes.core.number_format import short_number
+from probes.core.versions import imported_frameworks, versions
+from probes.core.writers import write_bytes_atomic
+
+
+def test_close_matches_fold_case_first_and_keep_the_users_prefix():
+    assert close_matches("BF16", ["bf16", "fp16", "bfloat16"])[0] == "bf16"
+    names = ["Functional.softmax", "torch.nn.functional.softmax", "torch.softmax", "torch.nn.functional.silu"]
+    assert close_matches("torch.nn.functional.sofmax", names)[0] == "torch.nn.functional.softmax"
+    assert close_matches("zzz", names) == []
+    assert close_matches("x", []) == []
+
+
+def test_did_you_mean_quotes_the_matches_or_says_what_is_allowed():
+    assert did_you_mean("scaeld", ["scaled", "reference"]) == 'did you mean "scaled"?'
+    assert did_you_mean("zzz", ["scaled"], otherwise="allowed: scaled") == "allowed: scaled"
+
+
+def test_short_number():
+    assert short_number(0.000123456) == "0.0001235"
+    assert short_number(math.inf) == "inf" and short_number(None) == "-" and short_number(None, missing="") == ""
+    assert short_number(3) == "3" and short_number("nan_mismatch") == "nan_mismatch"
+    assert short_number(0.9999871, digits=6, fixed=True) == "0.999987" and short_number(1.0, 6, fixed=True) == "1.000000"
+
+
+def test_versions_read_what_ran():
+    out = versions("pytest", "numpy", "no-such-distribution-anywhere")
+    assert set(out) == {"python", "pytest", "numpy"}
+    assert out["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert "python" not in versions("pytest", python=False)
+    assert set(imported_frameworks()) <= {"torch", "mindspore", "torch_npu"}
+
+
+def test_atomic_write_leaves_no_temporary(tmp_path):
+    target = tmp_path / "sub" / "f.bin"
+    write_bytes_atomic(target, b"abc")
+    write_bytes_atomic(target, b"de")
+    assert target.read_bytes() == b"de" and [p.name for p in target.parent.iterdir()] == ["f.bin"]

@@ -161,7 +161,9 @@ def software(device: str) -> dict[str, str]:
         try:
             import torch_npu
 
-            out["torch_npu"] = str(getattr(torch_npu, "__version__", "?"))
+            from probes.core.versions import versions
+
+            out.update(versions("torch_npu", python=False))
             cann = torch_npu.utils.get_cann_version(module="CANN")  # "" before CANN 8.1.RC1
             if cann:
                 out["cann"] = str(cann)

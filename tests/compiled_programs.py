@@ -55,9 +55,31 @@ def _gelu_through_fp16(x: torch.Tensor, approximate: str = "none") -> torch.Tens
     return torch.nn.functional.gelu(x.half(), approximate=approximate).to(x.dtype)
 
 
+class _GeluFp16Backward(torch.autograd.Function):
+    """GELU whose forward is exact and whose backward computes its derivative in float16: a
+    defect only the gradients show."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return torch.nn.functional.gelu(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        h = x.half()
+        derivative = 0.5 * (1 + torch.erf(h * 0.7071067811865476)) + h * torch.exp(-0.5 * h * h) * 0.3989422804014327
+        return grad * derivative.to(grad.dtype)
+
+
+def _gelu_backward_through_fp16(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    return _GeluFp16Backward.apply(x)
+
+
 REWRITES: dict[str, tuple[tuple[Any, ...], Callable[..., Any]]] = {
     "linear": ((torch._C._nn.linear, torch.nn.functional.linear), _linear_through_bf16),
     "gelu": ((torch._C._nn.gelu, torch.nn.functional.gelu), _gelu_through_fp16),
+    "gelu_backward": ((torch._C._nn.gelu, torch.nn.functional.gelu), _gelu_backward_through_fp16),
 }
 
 

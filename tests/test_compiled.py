@@ -154,6 +154,57 @@ def test_the_backward_stage_judges_the_compiled_gradients_against_float64(tmp_pa
     assert results["linear"]["flagged"] >= 1 and bad["compiled_ulps"] > bad["threshold_ulps"] > bad["eager_ulps"]
 
 
+def test_a_defect_only_the_gradients_show_is_localised_to_its_node_in_the_backward(tmp_path):
+    """The second GELU's backward computes its derivative in float16, its forward is exact: the
+    forward stays clean, the backward stage flags the graph and names that GELU, and the
+    reproduction compares the gradients."""
+    found = {}
+    for stage in ("forward", "backward"):
+        model = mlp()
+        debugger = _free_benchmark(tmp_path / stage, fuzz_stage=stage, list=["Graph"])
+        compiled_run(model, _mlp_inputs(), list(model.parameters()), around=lambda d=debugger: d,
+                     backend=vendor_backend("gelu_backward", occurrence=1))
+        found[stage] = next(iter(_graphs(debugger.summary()).values()))
+    assert found["forward"]["flagged"] == 0
+    graph = found["backward"]
+    assert graph["flagged"] >= 1 and graph["backward"]["compiled_ulps"] > graph["backward"]["threshold_ulps"]
+    where = graph["localisation"]
+    assert where["stage"] == "backward" and where["target"].endswith("gelu") and "4 (GELU)" in where["source"]
+    assert where["compiled_ulps"] > where["threshold_ulps"] >= where["eager_ulps"]
+    repro = Path(where["repro"])
+    done = subprocess.run([sys.executable, "repro.py", "--backend", "eager"], cwd=repro, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "gradient of input" in done.stdout and "ulps against float64" in done.stdout
+
+
+def test_a_clean_backward_is_not_localised(tmp_path):
+    """Bisecting a clean graph's gradients finds nothing: no prefix fails against float64."""
+    from probes.compiled.localize import localise_and_reproduce
+
+    model = mlp()
+    graphs = []
+
+    class Keep:
+        def graph_call(self, graph, args, kwargs):
+            graphs.append((graph, args))
+            return graph.compiled(*args, **kwargs)
+
+    keeper = Keep()
+    capture.install(keeper)
+    try:
+        compiled_run(model, _mlp_inputs(sizes=(16,)), list(model.parameters()), backend=vendor_backend(None))
+    finally:
+        capture.uninstall(keeper)
+    (graph, args), = graphs
+    assert localise_and_reproduce(graph, args, tmp_path, stage="backward") is None
+    bad = vendor_backend("gelu_backward")
+    graph.backend = bad
+    found = localise_and_reproduce(graph, args, tmp_path, stage="backward")
+    assert found is not None and found.target.endswith("gelu") and found.stage == "backward"
+    assert "its backward" in found.describe()
+
+
 def test_online_dispatch_compares_each_graph_with_float64_on_the_cpu_and_localises(tmp_path):
     for defect in (None, "linear"):
         model = mlp()

@@ -8,10 +8,18 @@ taken among the ancestors of the failing output, in topological order; a binary 
 first one that fails (the error then propagates to what depends on it), in about log2(nodes)
 compilations. That node's prefix also runs eagerly in its own dtypes: when the eager kernel loses
 the precision too, the problem is the kernel's, otherwise the compiler's.
+
+A failing backward is bisected the same way, on gradients: each prefix is compiled with the
+backend on inputs that require gradients (so AOTAutograd-based backends compile its backward too),
+and the gradients of its output with respect to the graph's floating inputs, for one fixed random
+cotangent, are judged against the prefix's float64 gradients for the same cotangent. The first
+prefix whose compiled gradients fail holds the node whose backward loses the precision (what
+depends on it differentiates through it).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -103,19 +111,23 @@ def target_name(node: torch.fx.Node) -> str:
 
 
 def localise(graph: CompiledGraph, args: tuple, judge: Callable[[Any, Any], tuple[float, float]],
-             output_index: int | None = None) -> Localisation | None:
+             output_index: int | None = None, stage: str = "forward") -> Localisation | None:
     """The first node whose compiled prefix fails `judge(out, float64 reference) -> (ulps,
     threshold in ulps)` beyond the eager prefix's own error (runs.graph_limit), or None when no
-    prefix fails (the graph fails only as a whole)."""
-    nodes = ancestors(graph.gm, output_index)
+    prefix fails (the graph fails only as a whole). `stage` "backward": judged on the prefixes'
+    gradients (module docstring); a graph that writes into its inputs is not bisected there."""
+    if stage == "backward" and graph.mutates:
+        return None
+    nodes = ancestors(graph.gm, output_index if stage == "forward" else None)
     if not nodes:
         return None
     reference_args = _reference_args(args)
     cache: dict[int, tuple[float, float, float]] = {}
+    judge_prefix = _judge_prefix if stage == "forward" else _judge_prefix_backward
 
     def figures(i: int) -> tuple[float, float, float]:
         if i not in cache:
-            cache[i] = _judge_prefix(graph, nodes[i].name, args, reference_args, judge)
+            cache[i] = judge_prefix(graph, nodes[i].name, args, reference_args, judge)
         return cache[i]
 
     def fails(i: int) -> bool:
@@ -133,7 +145,8 @@ def localise(graph: CompiledGraph, args: tuple, judge: Callable[[Any, Any], tupl
             lo = mid + 1
     node = nodes[hi]
     compiled, eager, threshold = figures(hi)
-    return Localisation(node.name, target_name(node), source_line(node), compiled, eager, threshold, len(cache))
+    return Localisation(node.name, target_name(node), source_line(node), compiled, eager, threshold, len(cache),
+                        stage=stage)
 
 
 def _reference_args(args: tuple) -> tuple:
@@ -169,31 +182,91 @@ def _judge_prefix(graph: CompiledGraph, node_name: str, args: tuple, reference_a
 
 
 def localise_and_reproduce(graph: CompiledGraph, args: tuple, folder: Any, output_index: int | None = None,
-                           judge: Callable[[Any, Any], tuple[float, float]] | None = None) -> Localisation | None:
+                           judge: Callable[[Any, Any], tuple[float, float]] | None = None,
+                           stage: str = "forward") -> Localisation | None:
     """localise() with the scaled rule against float64, and a reproduction of the failing node's
     prefix written under `folder` (``<graph>.<node>/``)."""
     from pathlib import Path
 
     from probes.compiled.repro import write_repro
 
-    found = localise(graph, args, judge or scaled_judge, output_index)
+    found = localise(graph, args, judge or functools.partial(scaled_judge, stage=stage), output_index, stage)
     if found is None:
         return None
-    name = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{graph.name}.{found.node}")[:120]
-    found.repro = str(write_repro(Path(folder) / name, prefix(graph.gm, found.node), args,
-                                  f"{graph.key} up to node {found.node}", graph.backend_name))
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{graph.name}.{found.node}{'.backward' if stage == 'backward' else ''}")
+    title = f"{graph.key} up to node {found.node}" + (" (its gradients)" if stage == "backward" else "")
+    found.repro = str(write_repro(Path(folder) / name[:120], prefix(graph.gm, found.node), args, title,
+                                  graph.backend_name, stage=stage))
     return found
 
 
-def scaled_judge(out: Any, reference: Any) -> tuple[float, float]:
+def cotangent(output: torch.Tensor, seed: int = 0) -> torch.Tensor:
+    """A fixed random cotangent for `output`: normal values drawn in float64 on the CPU (the same
+    numbers on every device), rounded to the output's dtype; the float64 reference takes the
+    rounded values, so both sides differentiate the same function of the same cotangent."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(tuple(output.shape), generator=g, dtype=torch.float64).to(output.dtype).to(output.device)
+
+
+def _gradients(fn: Callable[..., Any], args: tuple, cotangents: list[torch.Tensor] | None = None,
+               ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """(gradients of fn's floating outputs with respect to its floating inputs, the cotangents
+    used: `cotangents` cast to the outputs' dtypes, or new ones)."""
+    inputs = [a.detach().clone().requires_grad_(True) if _differentiable(a) else a for a in args]
+    with torch.enable_grad():
+        outputs = [o for o in _tensors(fn(*inputs)) if o.requires_grad]
+        wrt = [x for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad]
+        if not outputs or not wrt:
+            return [], []
+        if cotangents is None:
+            cotangents = [cotangent(o) for o in outputs]
+        else:
+            cotangents = [c.to(dtype=o.dtype, device=o.device) for c, o in zip(cotangents, outputs)]
+        grads = torch.autograd.grad(outputs, wrt, cotangents, allow_unused=True)
+    return [g if g is not None else torch.zeros_like(w) for g, w in zip(grads, wrt)], cotangents
+
+
+def _differentiable(x: Any) -> bool:
+    return isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex())
+
+
+def _tensors(x: Any) -> list[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (tuple, list)):
+        return [t for item in x for t in _tensors(item)]
+    return []
+
+
+def _judge_prefix_backward(graph: CompiledGraph, node_name: str, args: tuple, reference_args: tuple,
+                           judge: Callable[[Any, Any], tuple[float, float]]) -> tuple[float, float, float]:
+    """(compiled ulps, eager ulps, threshold ulps) of the gradients of the prefix ending at
+    `node_name`: compiled with the graph's backend and run eagerly in its own dtypes, each against
+    the float64 gradients for the same cotangent."""
+    gm = prefix(graph.gm, node_name)
+    example = [a.detach().clone().requires_grad_(True) if _differentiable(a) else a for a in args]
+    with torch.enable_grad():
+        compiled = quiet(graph.backend)(prefix(graph.gm, node_name), example)
+    out, cotangents = quiet(_gradients)(compiled, args)
+    if not out:  # the node does not depend on a floating input: nothing to differentiate
+        return 0.0, 0.0, math.inf
+    eager, _ = quiet(_gradients)(gm, args, cotangents)
+    ref, _ = quiet(_gradients)(gm, reference_args, [c.double() for c in cotangents])
+    ulps, threshold = judge(out, ref)
+    eager_ulps, _threshold = judge(eager, ref)
+    return ulps, eager_ulps if not math.isnan(eager_ulps) else math.inf, threshold
+
+
+def scaled_judge(out: Any, reference: Any, stage: str = "forward") -> tuple[float, float]:
     """(worst ulps, its threshold in ulps) of `out` against its float64 `reference`, by the scaled
-    rule under improve_precision (exact figures)."""
+    rule under improve_precision (exact figures), as free_benchmark judges that `stage`."""
     from probes.backends.torch_backend import BACKEND
     from probes.core import thresholds as th
     from probes.free_benchmark.compare import compare_outputs
 
+    tolerance = th.BACKWARD_TOLERANCE if stage == "backward" else None
     verdicts = [v for v in compare_outputs(BACKEND, out, reference, pert_mode="improve_precision", rule="scaled",
-                                           exact=True) if "ulps" in v.detail]
+                                           exact=True, stage=stage, tolerance=tolerance) if "ulps" in v.detail]
     if not verdicts:
         return 0.0, math.inf
 

@@ -65,6 +65,7 @@ class Localisation:
     threshold_ulps: float
     compilations: int  # prefixes compiled to find it
     repro: str = ""  # the standalone reproduction's folder
+    stage: str = "forward"  # "backward": the node's gradient is what loses the precision
 
     @property
     def where(self) -> str:
@@ -76,13 +77,14 @@ class Localisation:
         return {"node": self.node, "target": self.target, "source": self.source,
                 "compiled_ulps": _finite(self.compiled_ulps), "eager_ulps": _finite(self.eager_ulps),
                 "threshold_ulps": self.threshold_ulps, "where": self.where, "compilations": self.compilations,
-                "repro": self.repro}
+                "repro": self.repro, "stage": self.stage}
 
     def describe(self) -> str:
         loses = ("only the compiled code loses it: a compiler problem" if self.where == "compiler"
                  else "the eager kernel loses it too: a kernel problem")
         at = f" at {self.source}" if self.source else ""
-        return (f"node {self.node} ({self.target}){at}: compiled {_ulps(self.compiled_ulps)}, eager "
+        what = "its backward: compiled gradients" if self.stage == "backward" else "compiled"
+        return (f"node {self.node} ({self.target}){at}: {what} {_ulps(self.compiled_ulps)}, eager "
                 f"{_ulps(self.eager_ulps)} ulps against float64; {loses}")
 
 

@@ -127,8 +127,8 @@ class FreeBenchmarkGraphs:
         bad = [v for v in verdicts if not v.consistent]
         if bad:
             report.flagged += 1
-            if stage == "forward" and mode in REFERENCE_MODES and report.localisation is None:
-                self._localise(graph, report, name, call, bad)
+            if mode in REFERENCE_MODES and report.localisation is None:
+                self._localise(graph, report, name, call, bad, stage)
             if report.localisation is not None:
                 for v in bad:
                     v.detail["node"] = report.localisation.describe()
@@ -136,11 +136,11 @@ class FreeBenchmarkGraphs:
         return verdicts
 
     def _localise(self, graph: capture.CompiledGraph, report: GraphReport, name: str, call: tuple,
-                  bad: list[Any]) -> None:
+                  bad: list[Any], stage: str) -> None:
         args, _kwargs = call
         first = bad[0].path[0] if bad[0].path and isinstance(bad[0].path[0], int) else None
         try:
-            found = localise_and_reproduce(graph, args, self.probe.dump_path / GRAPHS_DIR, first)
+            found = localise_and_reproduce(graph, args, self.probe.dump_path / GRAPHS_DIR, first, stage=stage)
         except Exception as exc:  # the check's verdict stands; only the localisation is missing
             report.errors.append(f"localising: {type(exc).__name__}: {exc}")
             return

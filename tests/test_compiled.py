@@ -223,6 +223,30 @@ def test_online_dispatch_compares_each_graph_with_float64_on_the_cpu_and_localis
             assert graph["localisation"]["target"].endswith("linear")
 
 
+def test_online_dispatch_compares_each_graph_backward_as_one_op(tmp_path):
+    """The compiled backward runs fused kernels the dispatch mode never sees one by one: it is
+    compared as one op, Graph.<name>.backward, on the call's real cotangents; a defect only the
+    gradients show fails it (and only it) and is localised to its node; a clean one passes."""
+    for defect in (None, "gelu_backward"):
+        model = mlp()
+        dump = tmp_path / str(defect)
+        plain = compiled_run(mlp(), _mlp_inputs(), list(model.parameters()), backend=vendor_backend(defect))
+        run = compiled_run(model, _mlp_inputs(), list(model.parameters()), backend=vendor_backend(defect, occurrence=1),
+                           around=lambda d=dump: PtdbgDispatch(dump_mode="auto", dump_path=str(d)))
+        assert run.graphs == plain.graphs == 1
+        summary = json.loads(Path(glob.glob(str(dump / "*" / "summary.json"))[0]).read_text())
+        graph, = summary["graphs"]
+        failing = [f["name"] for f in summary["failed_ops"] if f["name"].startswith("Graph.")]
+        rows = (Path(glob.glob(str(dump / "*" / "compare_result_*.csv"))[0])).read_text()
+        assert f"Graph.{graph['graph']}.backward_1_output.0" in rows  # the gradient of the first input
+        if defect is None:
+            assert not failing
+        else:
+            assert failing and all(f.startswith(f"Graph.{graph['graph']}.backward_") for f in failing)
+            where = graph["localisation"]
+            assert where["stage"] == "backward" and where["target"].endswith("gelu") and "4 (GELU)" in where["source"]
+
+
 def test_the_compiled_rope_in_bfloat16_passes_and_reads_closer_to_float64_than_eager(tmp_path):
     """pytorch/pytorch#182225's pattern: Inductor's fused bf16 RoPE is the more accurate one."""
     debugger = _free_benchmark(tmp_path)

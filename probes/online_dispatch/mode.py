@@ -32,6 +32,7 @@ from probes.compiled import capture
 from probes.compiled import runs as graph_runs
 from probes.compiled.localize import localise_and_reproduce
 from probes.online_dispatch import dump, reference, skip_list, verdict
+from probes.online_dispatch.graph_ops import GraphBackwardOp, GraphInfo, GraphOp, watch_backward
 from probes.online_dispatch.options import DispatchOptions
 from probes.online_dispatch.results import FailedOp, RunResults, leaf_summary, special_row
 from probes.online_dispatch.run_dir import create_run_dir
@@ -120,35 +121,6 @@ class _Skipped:
 
 
 _SKIPPED = _Skipped()
-
-
-class _GraphOp:
-    """A compiled graph (probes.compiled) in the place of an aten overload: called, it runs the
-    compiled function; its name is the graph's."""
-
-    _overloadname = ""
-
-    def __init__(self, graph: Any) -> None:
-        self.graph = graph
-        self._opname = graph.key
-        self.namespace = "graph"
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.graph.compiled(*args, **kwargs)
-
-    def __str__(self) -> str:
-        return self.graph.key
-
-
-class _GraphInfo:
-    """_OpInfo of a compiled graph: its reference is the graph's eager program, in float64 on the CPU."""
-
-    __slots__ = ("api", "overload", "half_to_float", "written", "skip", "on_host")
-
-    def __init__(self, graph: Any) -> None:
-        self.api, self.overload, self.half_to_float, self.written = graph.key, "", None, ((), ())
-        self.skip = graph_runs.RANDOM.format(op=graph.random) if graph.random is not None else None
-        self.on_host = graph_runs.quiet(graph.gm)
 
 
 class OnlineDispatchMode(TorchDispatchMode):
@@ -313,7 +285,7 @@ class OnlineDispatchMode(TorchDispatchMode):
                 if graph.name in self.results.graphs:
                     self.results.graphs[graph.name].calls = index
                 return graph.compiled(*args, **kwargs)
-            func, info = _GraphOp(graph), _GraphInfo(graph)
+            func, info = GraphOp(graph), GraphInfo(graph)
             entry = self.results.graphs.setdefault(graph.name, graph_runs.GraphReport(
                 graph.name, graph.where, graph.backend_name, len(graph.nodes)))
             entry.calls, entry.sampled = index, entry.sampled + 1
@@ -324,7 +296,28 @@ class OnlineDispatchMode(TorchDispatchMode):
                 return graph.compiled(*args, **kwargs)
             device = reference.device_under_test(args, kwargs) or reference.CPU
             entry.checked += 1
-            return self._check(func, info, device, args, kwargs, float64=True)
+            out = self._check(func, info, device, args, kwargs, float64=True)
+            try:
+                watch_backward(graph, args, kwargs, out, self._compare_backward, self._skip_backward)
+            except Exception as exc:  # the forward's verdict stands; only its backward goes unchecked
+                self.results.add_error(str(func), "watching the backward", exc)
+            return out
+
+    def _compare_backward(self, op: GraphBackwardOp, args: tuple) -> None:
+        """A sampled graph call's backward, reached by the user's backward pass: its compiled
+        gradients against the eager program's float64 gradients (graph_ops)."""
+        if self._depth == 0:  # the backward ran after the context closed: its rows have been written
+            return
+        with _disable_current_modes():
+            try:
+                device = reference.device_under_test(args, {}) or reference.CPU
+                self._check(op, op.info(), device, args, {}, float64=True)
+            except Exception as exc:  # never raised into the user's backward pass
+                self.results.add_error(str(op), "comparing the backward", exc)
+
+    def _skip_backward(self, reason: str, op: GraphOp) -> None:
+        key = (reason, str(op))  # by name: the op objects are per call
+        self.results.skipped[key] = self.results.skipped.get(key, 0) + 1
 
     def _check(self, func: Any, info: _OpInfo, device: torch.device, args: tuple, kwargs: dict,
                float64: bool = False) -> Any:
@@ -435,7 +428,7 @@ class OnlineDispatchMode(TorchDispatchMode):
         if failing:
             results.add_failure(FailedOp(job.prefix, str(job.func), [leaf_summary(r) for r in failing], dumped),
                                 job.prefix, job.info.overload)
-            if isinstance(job.func, _GraphOp):
+            if isinstance(job.func, GraphOp):
                 self._localise(job, failing[0].name)
         if self.options.debug:
             logger.info("online_dispatch: %s (%s) %s", job.prefix, job.func, "Failed" if failing else "Pass")
@@ -451,8 +444,11 @@ class OnlineDispatchMode(TorchDispatchMode):
             return
         tail = leaf.rsplit("_output.", 1)
         index = int(tail[1].split(".")[0]) if len(tail) == 2 and tail[1].split(".")[0].isdigit() else None
+        backward = isinstance(job.func, GraphBackwardOp)
+        args = job.args[:len(job.args) - len(job.func.outputs)] if backward else job.args
         try:
-            found = localise_and_reproduce(graph, job.args, self.results.run_dir / "graphs", index)
+            found = localise_and_reproduce(graph, args, self.results.run_dir / "graphs", None if backward else index,
+                                           stage="backward" if backward else "forward")
         except Exception as exc:
             entry.errors.append(f"localising: {type(exc).__name__}: {exc}")
             return

@@ -263,7 +263,9 @@ def test_memory_is_flat_over_200_steps(fb_config):
             if step == 49:
                 marks = census(torch.Tensor, dbg.probe)
         after = census(torch.Tensor, dbg.probe)
-    assert after == marks and after[1] > 0
+    # no growth: the probe's objects and tables stay the same; the process's live tensors may only
+    # drop (another test's leftovers, held by a finishing thread or a compile cache, can be freed meanwhile)
+    assert after[0] <= marks[0] and after[1:] == marks[1:] and after[1] > 0
     assert dbg.summary()["apis"]["Functional.linear"]["checked"] == 2 * 120
     assert dbg.rows == []
 
@@ -462,5 +464,7 @@ def test_ms_memory_is_flat_over_40_steps(ms, fb_config):
             if step == 9:
                 marks = census(Tensor, dbg.probe)
         after = census(Tensor, dbg.probe)
-    assert after == marks and after[1] > 0
+    # no growth: the probe's objects and tables stay the same; the process's live tensors may only
+    # drop (another test's leftovers, held by a finishing thread or a compile cache, can be freed meanwhile)
+    assert after[0] <= marks[0] and after[1:] == marks[1:] and after[1] > 0
     assert dbg.summary()["apis"]["Functional.gelu"]["checked"] == 32

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import warnings
 
+import hypothesis
 import numpy as np
 import pytest
 import torch
@@ -392,3 +393,39 @@ def test_domains_keep_inputs_where_the_api_is_defined():
 def test_negative_divisors_occur():
     found = find(api_inputs("Torch.div", "float32"), lambda ak: bool((ak[0][1] < 0).any()), settings=FIRST)
     assert (found[0][1] < 0).any()
+
+
+def test_seeded_draws_do_not_depend_on_what_else_the_process_imported(tmp_path, monkeypatch):
+    """Hypothesis mixes the literals of imported local modules into its generation; the catalogue's
+    draws (and the per-API search) leave them out, so a new import does not move them, while the
+    same import does move a plain seeded Hypothesis draw."""
+    import importlib
+
+    from hypothesis import strategies as st
+
+    from pytest_msprobe.catalogue.draws import draw_examples
+
+    strategy = st.lists(st.floats(allow_nan=False, allow_infinity=False), min_size=1, max_size=8)
+
+    def raw() -> list:
+        from hypothesis import given, settings
+        from hypothesis import seed as hseed
+
+        out = []
+
+        @hseed(1234)
+        @settings(max_examples=100, database=None, phases=[hypothesis.Phase.generate], deadline=None)
+        @given(strategy)
+        def collect(x):
+            out.append(x)
+
+        collect()
+        return out
+
+    guarded, plain = draw_examples(strategy, 100, 1234), raw()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "msprobe_constants_probe.py").write_text(
+        "A = 2.0512345678\nB = -7.2519\nC = 3.14159e-05\nD = 1234.5678\nE = 9.87654321e12\n", encoding="utf-8")
+    importlib.import_module("msprobe_constants_probe")
+    assert draw_examples(strategy, 100, 1234) == guarded
+    assert raw() != plain  # the effect the guard removes is real

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from probes.core.hints import did_you_mean
+from pytest_msprobe.api.reproducible import without_local_constants
 
 MARKER = "msprobe_api"
 CASE_ARG = "msprobe_api_case"
@@ -265,7 +266,8 @@ def run_case(case: ApiCase, options: Any, nodeid: str, dump_path: Any) -> None:
 
     debugger.start()
     try:
-        check()
+        with without_local_constants():  # the same search whatever else this process imported
+            check()
     finally:
         debugger.stop()
         if dispatch is not None:

@@ -7,10 +7,13 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hseed
 
+from pytest_msprobe.api.reproducible import without_local_constants
+
 
 def draw_examples(strategy: Any, count: int, seed: int) -> list[Any]:
     """`count` examples of a Hypothesis strategy, the same ones on every run (seeded generation,
-    no database, no shrinking): the catalogue compares runs, so its inputs must not move.
+    no database, no shrinking, no constants of whatever local modules are imported): the catalogue
+    compares runs, so its inputs must not move.
     Hypothesis starts from the simplest example (all zeros): callers skip it."""
     out: list[Any] = []
 
@@ -22,5 +25,6 @@ def draw_examples(strategy: Any, count: int, seed: int) -> list[Any]:
         if len(out) < count:
             out.append(example)
 
-    collect()
+    with without_local_constants():
+        collect()
     return out

@@ -106,7 +106,6 @@ def measure_mindspore(case: CatalogueCase, samples: int = SAMPLES) -> CatalogueR
     drawn = draw_examples(api_inputs(case.ref, case.dtype), samples + 1, case.seed)[1:]  # not the all-zero first
     fn_key = case.key
     inputs = [([_to_ms(a, dtype) for a in args], kwargs) for args, kwargs in drawn]
-    _warm_up(fn_key, inputs)
     kind = accumulating.family(case.api)
     errors, ratios, measured, failures = [], [], 0, []
     for (args, kwargs), (targs, _) in zip(inputs, drawn):
@@ -134,23 +133,6 @@ def measure_mindspore(case: CatalogueCase, samples: int = SAMPLES) -> CatalogueR
                              summary.p99_ulp, NOT_APPLICABLE, ratio=largest(ratios))
     result.verdict, result.verdict_detail = _verdict(case, inputs)
     return result
-
-
-def _warm_up(fn_key: str, inputs: list[tuple[list[Any], dict[str, Any]]]) -> None:
-    """Call the API once before measuring it. On the CPU target, MindSpore's first call of a
-    kernel in a process can run another code path than every later call (float32 sigmoid: 4.5
-    ulps on the first call, 1.2 after; silu, which uses it, 0.6 then 2.3), so a cold measurement
-    would depend on which tests happened to run before it in the process (pytest-xdist's
-    scheduling). Measured warm, a case gives the figures a training loop sees, in any order."""
-    if not inputs:
-        return
-    args, kwargs = inputs[0]
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            _host(_callable(fn_key)(*args, **kwargs))
-    except Exception:  # the measured calls meet the same failure and record it
-        pass
 
 
 def _ratios(kind: str, key: str, ref_args: list[Any], kwargs: dict[str, Any], got: np.ndarray, want: np.ndarray,

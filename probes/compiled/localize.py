@@ -30,6 +30,7 @@ import torch
 
 from probes.compiled.capture import CompiledGraph
 from probes.compiled.runs import Localisation, graph_limit, quiet, upcast
+from probes.core.trees import iter_leaves
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _PROBES_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -231,11 +232,7 @@ def _differentiable(x: Any) -> bool:
 
 
 def _tensors(x: Any) -> list[torch.Tensor]:
-    if isinstance(x, torch.Tensor):
-        return [x]
-    if isinstance(x, (tuple, list)):
-        return [t for item in x for t in _tensors(item)]
-    return []
+    return [leaf for _path, leaf in iter_leaves(x) if isinstance(leaf, torch.Tensor)]
 
 
 def _judge_prefix_backward(graph: CompiledGraph, node_name: str, args: tuple, reference_args: tuple,

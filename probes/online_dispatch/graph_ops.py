@@ -22,6 +22,7 @@ import torch
 
 from probes.backends import torch_autodiff
 from probes.compiled import runs as graph_runs
+from probes.core.trees import iter_leaves
 
 #: why a graph call's backward was not compared (the summary's skipped table)
 BACKWARD_MODIFIED = "a compiled graph's input changed in place before its backward ran: its gradients cannot be recomputed"
@@ -100,11 +101,7 @@ def vjp(fn: Callable[..., Any], args: Sequence[Any], wrt: tuple[int, ...], outpu
 
 
 def tensor_leaves(x: Any) -> list[Any]:
-    if isinstance(x, torch.Tensor):
-        return [x]
-    if isinstance(x, (tuple, list)):
-        return [leaf for item in x for leaf in tensor_leaves(item)]
-    return []
+    return [leaf for _path, leaf in iter_leaves(x) if isinstance(leaf, torch.Tensor)]
 
 
 def watch_backward(graph: Any, args: tuple, kwargs: dict, out: Any,

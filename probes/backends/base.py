@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
@@ -94,6 +95,25 @@ class BackendDefaults:
 
     def to_compute(self, t: Any, like: Any) -> Any:  # pragma: no cover - every backend defines it
         raise NotImplementedError
+
+    def measured_leaves(self, t: Any) -> list[tuple[tuple[str, ...], Any]]:
+        """The plain tensors a comparison measures for output leaf `t`, each with the sub-path
+        it is shown under; raises probes.core.errors.NotMeasurable when there are none."""
+        return [((), t)]
+
+    def value_parts(self, t: Any) -> tuple[Any, Callable[[Any], Any]] | str | None:
+        """None when a perturbation edits `t`'s elements as they are; else (values, rebuild) for
+        a tensor edited through its values buffer, or why its elements cannot be edited."""
+        return None
+
+    def in_transform(self) -> bool:
+        """True while a function transform (torch.func) wraps the tensors of the current call."""
+        return False
+
+    def outside_transforms(self) -> AbstractContextManager[Any]:
+        """Where figures are computed: outside every function transform, so they are plain
+        tensors that can be read after the transform ends, and the transform sees none of them."""
+        return contextlib.nullcontext()
 
     def real_view(self, t: Any) -> Any:
         """A complex tensor as a float tensor of its real and imaginary parts; others as they are."""

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from probes.backends import patching, torch_leaves
 from probes.backends.patching import (  # noqa: F401 - re-exported for the torch probe
     _HANDLER,
     _TLS,
@@ -25,13 +26,18 @@ from probes.backends.patching import (  # noqa: F401 - re-exported for the torch
     _inplace_position,
     _is_op_callable,
     _make_wrapper,
-    call_exclusion,
     set_compiling_check,
     suspended,
 )
 from probes.free_benchmark import exclusions
 
 set_compiling_check(torch.compiler.is_compiling)  # Dynamo traces the original: compiled graphs are judged at the backend
+
+
+def call_exclusion(meta: ApiMeta, args: tuple, kwargs: dict) -> str | None:
+    """Why this call is not re-run: how it is called (out=, inplace=True), the state it runs in
+    (a tracer, a user's dispatch mode) or its inputs (no values, an unknown tensor subclass)."""
+    return patching.call_exclusion(meta, args, kwargs) or torch_leaves.call_reason(args, kwargs)
 
 _ALLOWED_DUNDERS = {
     "__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__matmul__", "__rmatmul__",

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from probes.backends import torch_autodiff, torch_xp
+from probes.backends import torch_autodiff, torch_leaves, torch_xp
 from probes.backends.base import BackendDefaults
 from probes.core import metrics
 
@@ -96,6 +96,18 @@ class TorchBackend(BackendDefaults):
                 return torch.float32 if x in _LOW_PRECISION else None
             return torch.float64 if (x in _LOW_PRECISION or x == torch.float32) else None
         return None
+
+    def measured_leaves(self, t: Any) -> list[tuple[tuple[str, ...], Any]]:
+        return torch_leaves.measured(t)
+
+    def value_parts(self, t: Any) -> Any:
+        return torch_leaves.value_parts(t)
+
+    def in_transform(self) -> bool:
+        return torch_leaves.in_transform()
+
+    def outside_transforms(self) -> Any:
+        return torch_leaves.outside_transforms()
 
     def real_view(self, t: Any) -> Any:
         return torch.view_as_real(t.detach().resolve_conj()) if t.is_complex() else t

@@ -22,3 +22,8 @@ class ConfigError(ValueError):
 
 class ProbeError(RuntimeError):
     """An error inside a probe, raised only in strict mode (otherwise it is recorded)."""
+
+
+class NotMeasurable(Exception):
+    """An output leaf has no values a probe can measure (a meta or fake tensor, a tensor
+    subclass of unknown layout): the call is skipped with this reason, not counted as an error."""

@@ -95,11 +95,18 @@ def _pair_leaves(backend: Any, a: Any, b: Any, path: tuple = ()) -> Iterator[tup
     if backend.is_tensor(a) or backend.is_tensor(b):
         if not (backend.is_tensor(a) and backend.is_tensor(b)):
             raise StructureMismatch(f"at {path or 'output'}: {type(a).__name__} vs {type(b).__name__}")
-        if backend.shape(a) != backend.shape(b):
-            raise StructureMismatch(f"at {path or 'output'}: shape {backend.shape(a)} vs {backend.shape(b)}")
-        # complex outputs (an fft of a float32 input re-run in float64) are compared as their
-        # real and imaginary parts; they would otherwise be compared exactly, complex64 against complex128
-        yield path, backend.real_view(a), backend.real_view(b)
+        # what is measured of each: the tensor itself, or the plain tensors below a transform's
+        # wrapper or inside a nested / masked / sparse tensor (NotMeasurable: none)
+        parts_a, parts_b = backend.measured_leaves(a), backend.measured_leaves(b)
+        if [p for p, _x in parts_a] != [p for p, _y in parts_b]:
+            raise StructureMismatch(f"at {path or 'output'}: {type(a).__name__} vs {type(b).__name__}")
+        for (sub, x), (_sub, y) in zip(parts_a, parts_b):
+            where = path + sub
+            if backend.shape(x) != backend.shape(y):
+                raise StructureMismatch(f"at {where or 'output'}: shape {backend.shape(x)} vs {backend.shape(y)}")
+            # complex outputs (an fft of a float32 input re-run in float64) are compared as their
+            # real and imaginary parts; they would otherwise be compared exactly, complex64 against complex128
+            yield where, backend.real_view(x), backend.real_view(y)
     elif isinstance(a, dict):
         if not isinstance(b, dict) or set(a) != set(b):
             raise StructureMismatch(f"at {path or 'output'}: dict keys differ")

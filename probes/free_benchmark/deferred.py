@@ -69,30 +69,65 @@ class VerdictQueue:
             self.settle()
 
     def settle(self) -> None:
-        """Finish every pending comparison: one host transfer per pass for all of them."""
+        """Finish every pending comparison: one host transfer per pass for all of them.
+
+        Nothing is lost or blamed on another call: when the batched read fails (a figure that
+        cannot be read), each call's figures are read on their own and only the call whose read
+        fails is given the error; a callback that raises (strict mode) is raised after every
+        other pending comparison has been settled."""
         if self._settling or not self._pending:
             return
         self._settling = True
+        raised: list[BaseException] = []
         try:
             active, self._pending, self._bytes = self._pending, [], 0
             while active:
-                flat = [array for p in active for array in p.request]
-                host = self.backend.host_floats(flat) if flat else []
-                pos, still = 0, []
-                for p in active:
-                    n = len(p.request)
-                    mine, pos = host[pos : pos + n], pos + n
-                    try:
-                        p.request = p.comparison.send(mine)
-                    except StopIteration as finished:
-                        p.done(finished.value)
-                    except Exception as exc:  # this call's problem, reported as such; the others go on
-                        p.failed(exc)
-                    else:
-                        still.append(p)
-                active = still
+                active = self._pass(active, raised)
         finally:
             self._settling = False
+        if raised:
+            raise raised[0]
+
+    def _pass(self, active: list[_Pending], raised: list[BaseException]) -> list[_Pending]:
+        """One pass: every active comparison gets its figures; the ones that ask again stay."""
+        flat = [array for p in active for array in p.request]
+        try:
+            host = self.backend.host_floats(flat) if flat else []
+        except Exception:  # some call's figures cannot be read: read each call's alone
+            host = None
+        pos, still = 0, []
+        for p in active:
+            n = len(p.request)
+            if host is not None:
+                mine, pos = host[pos : pos + n], pos + n
+            else:
+                try:
+                    mine = self.backend.host_floats(p.request) if n else []
+                except Exception as exc:
+                    _call(p.failed, exc, raised)
+                    continue
+            try:
+                p.request = p.comparison.send(mine)
+            except StopIteration as finished:
+                _call(p.done, finished.value, raised, p.failed)
+            except Exception as exc:  # this call's problem, reported as such; the others go on
+                _call(p.failed, exc, raised)
+            else:
+                still.append(p)
+        return still
+
+
+def _call(callback: Callable[[Any], None], value: Any, raised: list[BaseException],
+          failed: Callable[[BaseException], None] | None = None) -> None:
+    """Run a settle callback; an exception it raises is kept for the end of the settle (or, from
+    `done`, handed to `failed` first: a verdict that cannot be recorded is that call's error)."""
+    try:
+        callback(value)
+    except Exception as exc:
+        if failed is None:
+            raised.append(exc)
+        else:
+            _call(failed, exc, raised)
 
 
 _ITEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}

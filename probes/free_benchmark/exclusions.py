@@ -22,6 +22,10 @@ COMPILED = ("compiled MindSpore graph (mindspore.jit or GRAPH_MODE): its calls r
 IN_OPTIMIZER_STEP = ("called inside optimizer.step(): the update is the optimizer's, left out as msprobe leaves out "
                      "fused optimizer kernels (so a model checks the same APIs whether its optimizer runs fused, "
                      "foreach or per tensor)")
+TRANSFORM_BACKWARD = ("inside a torch.func transform: the backward stage's hooks need the autograd graph, which "
+                      "the transform keeps to itself; the forward stage judges these calls")
+TRANSFORM_FIX = ("inside a torch.func transform: fix cannot substitute the values of a transformed tensor; "
+                 "check judges these calls")
 DATA_MOVEMENT = ("moves, copies or casts data without arithmetic: a perturbation would only pass through "
                  "(and a one-ulp bf16 perturbation alone exceeds the bf16 threshold)")
 

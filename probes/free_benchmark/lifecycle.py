@@ -12,6 +12,8 @@ import logging
 import weakref
 from typing import Any
 
+from probes.core.errors import ProbeError
+
 log = logging.getLogger("probes.free_benchmark")
 _LIVE: weakref.WeakSet[FreeBenchmarkRun] = weakref.WeakSet()
 
@@ -55,16 +57,34 @@ class FreeBenchmarkRun:
 
     def stop(self) -> None:
         self.probe.running = False
-        self.probe.refresh()
-        self._uninstall()
-        self.probe.flush()
+        try:
+            self.probe.refresh()
+        finally:
+            self._uninstall()
+        self._guarded("stop()", self.probe.flush)
 
     def step(self) -> None:
-        self.probe.next_step()
+        self._guarded("step()", self.probe.next_step)
         if self.patcher.installed and not self.probe.active:
             self._uninstall()
         elif self.probe.running and self.probe.active and not self.patcher.installed:
             self._install()
+
+    def _guarded(self, where: str, work: Any) -> None:
+        """Run the probe's end-of-step work so that a failure inside it never reaches the user's
+        training loop (unless strict): it is recorded as an error of the probe, and the files are
+        written once more, so the step's results and the error itself are on disk."""
+        try:
+            work()
+        except Exception as exc:
+            if self.config.strict:
+                raise ProbeError(f"free_benchmark failed in {where}: {exc}") from exc
+            self.probe._error("free_benchmark", f"{where} at step {self.probe.current_step}", exc)
+            try:
+                self.probe.flush()
+            except Exception as again:  # the files cannot be written: said in the log, never raised
+                log.warning("free_benchmark: could not write its results in %s (%s: %s)", where,
+                            type(again).__name__, again)
 
     def close(self) -> None:
         """Restore everything and write what is pending (used at exit)."""

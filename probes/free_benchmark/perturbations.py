@@ -86,6 +86,7 @@ class Perturbation:
 
     mode = ""
     needs_float_target = True
+    edits_elements = True  # the mode changes elements (a nested / masked / sparse input: through its values)
     raise_float32 = False  # improve_precision only (see ImprovePrecision)
 
     def __init__(self, backend: Any, add_noise_style: str = "ulp") -> None:
@@ -111,12 +112,18 @@ class Perturbation:
     def build(self, args: tuple, kwargs: dict) -> PerturbedCall | Cancelled:
         reason = "no floating-point tensor among the inputs"
         for where, path, leaf in _float_leaves(self.backend, args, kwargs):
-            why = self.accepts(leaf)
+            # a nested, masked or sparse tensor is edited through its values buffer, then rebuilt
+            parts = self.backend.value_parts(leaf) if self.edits_elements else None
+            if isinstance(parts, str):
+                reason = parts
+                continue
+            values, rebuild = parts if parts is not None else (leaf, _identity)
+            why = self.accepts(values)
             if why is None:
-                new = self.perturb(leaf)
-                new_args, new_kwargs = _replace(args, kwargs, where, path, new)
-                return PerturbedCall(new_args, _no_inplace(new_kwargs), moved=(leaf, new),
-                                     move=self.move_bound(self.backend.dtype_name(leaf)))
+                new = self.perturb(values)
+                new_args, new_kwargs = _replace(args, kwargs, where, path, rebuild(new))
+                return PerturbedCall(new_args, _no_inplace(new_kwargs), moved=(values, new),
+                                     move=self.move_bound(self.backend.dtype_name(values)))
             reason = why
         return Cancelled(reason)
 
@@ -241,6 +248,7 @@ class NoChange(Perturbation):
     """The same inputs again: a determinism test (threshold 1.0)."""
 
     mode = "no_change"
+    edits_elements = False
 
     def perturb(self, t: Any) -> Any:
         return t

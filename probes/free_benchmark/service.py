@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 from probes.backends.patching import suspended
 from probes.core import thresholds as th
 from probes.core.config import ProbeConfig
-from probes.core.errors import ProbeError
+from probes.core.errors import NotMeasurable, ProbeError
 from probes.core.metrics import RatioVerdict
 from probes.core.records import FREE_BENCHMARK_COLUMNS, FreeBenchmarkRow
 from probes.core.trees import format_path, iter_leaves, tree_map
@@ -228,7 +228,12 @@ class FreeBenchmarkProbe:
         )
 
     def next_step(self) -> None:
-        self.flush()  # settles the step's pending checks first: their rows belong to it
+        try:
+            self.flush()  # settles the step's pending checks first: their rows belong to it
+        finally:  # the step ends even when its flush failed (the caller records why)
+            self._advance()
+
+    def _advance(self) -> None:
         self.current_step += 1
         # steps_seen alone does not rewrite summary.json: it is brought up to date with the next
         # change, and at close (a step that checked nothing costs no file write)
@@ -268,6 +273,10 @@ class FreeBenchmarkProbe:
         if stats is None:
             stats = self.stats[key] = ApiStats()
         stats.calls += 1
+        transformed = self.backend.in_transform()
+        if transformed and (self.backward is not None or self.fb.handler_type == "fix"):
+            self._skip(key, exclusions.TRANSFORM_BACKWARD if self.backward is not None else exclusions.TRANSFORM_FIX)
+            return original(*args, **kwargs)
         if self.backward is not None:
             return self.backward.on_call(meta, name, stats, original, args, kwargs)
         sampled = False
@@ -276,6 +285,7 @@ class FreeBenchmarkProbe:
             if phase == CENSUS:  # the call census: counted, not compared (see preheat.py)
                 self._dirty = True
                 return original(*args, **kwargs)
+            sampled = sampled and not transformed  # the CPU sample re-runs outside the transform's values
         snapshot = self.backend.rng_snapshot(args)
         out = original(*args, **kwargs)
         try:
@@ -306,14 +316,24 @@ class FreeBenchmarkProbe:
                 pert_out = rerun(*pert.args, **pert.kwargs)
         finally:
             b.rng_restore(after)
-        move = self.input_move(pert)
-        pert = None  # free the perturbed (e.g. upcast) inputs before comparing
         if self.fb.handler_type == "fix":  # fix substitutes; it writes no rows (as the reference)
             self._fix(out, pert_out)
             stats.checked += 1
             stats.fixed += 1
             self._dirty = True
             return
+        # figures are plain tensors computed outside any torch.func transform (on the values
+        # below its wrappers): they can be read after the transform ends, and it never sees them
+        with b.outside_transforms():
+            move = self.input_move(pert)
+            pert = None  # free the perturbed (e.g. upcast) inputs before comparing
+            self._judge(call, args, kwargs, pert_out, move)
+
+    def _judge(self, call: Checked, args: tuple, kwargs: dict, pert_out: Any, move: Any) -> None:
+        """Compare the re-run with the original (`args`/`kwargs`: the call's inputs, copies when
+        the API mutates them, which the compiled graph's eager review re-runs on)."""
+        b = self.backend
+        meta, name, stats, _original, _args, _kwargs, out, snapshot, sampled = call
         deferred = self.preheat is None and meta.review is None
         try:
             check = comparison(b, out, pert_out, pert_mode=self.fb.pert_mode, rule=self.fb.rule, input_move=move,
@@ -330,6 +350,9 @@ class FreeBenchmarkProbe:
                                        out, pert_out, verdicts)
         except StructureMismatch as exc:
             self._skip(meta.key, f"perturbed output has another structure ({exc})")
+            return
+        except NotMeasurable as exc:
+            self._skip(meta.key, str(exc))
             return
         preheat_row = False
         if self.preheat is not None:
@@ -371,8 +394,8 @@ class FreeBenchmarkProbe:
             return None
         if pert.move is not None:
             return pert.move
-        original, moved = pert.moved
         b = self.backend
+        original, moved = (b.measured_leaves(x)[0][1] for x in pert.moved)  # plain values below a transform
         return b.scaled_figures(moved, original, th.machine_eps(b.dtype_name(original)))
 
     # preheat (see preheat.py) ------------------------------------------------------------------
@@ -502,7 +525,7 @@ class FreeBenchmarkProbe:
         """Finish the pending checks (their rows and counts): one host transfer for all of them.
         Hooks pass straight through meanwhile (the measure's own operators are not API calls)."""
         if len(self.verdicts):
-            with suspended():
+            with suspended(), self.backend.outside_transforms():
                 self.verdicts.settle()
 
     def _settle_failed(self, key: str, name: str, exc: BaseException) -> None:

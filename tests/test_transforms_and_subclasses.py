@@ -390,3 +390,27 @@ def test_step_goes_on_when_its_flush_fails(tmp_path, monkeypatch):
     dbg.step()
     assert probe.current_step == 1
     assert any("disk full" in e["error"] and e["first_call"].startswith("stop()") for e in probe.summary()["errors"])
+
+
+def test_the_backward_stage_judges_jagged_and_masked_calls_and_skips_sparse_ones(tmp_path):
+    from torch.masked import masked_tensor
+
+    warnings.filterwarnings("ignore", category=UserWarning)
+    torch.manual_seed(0)
+    w = torch.randn(4, 16, requires_grad=True)
+
+    def run():
+        jagged = torch.nested.nested_tensor([torch.randn(3, 16), torch.randn(5, 16)], layout=torch.jagged,
+                                            requires_grad=True)
+        F.linear(torch.tanh(jagged), w).values().sum().backward()
+        masked = masked_tensor(torch.randn(8, 16), torch.rand(8, 16) > 0.3, requires_grad=True)
+        torch.exp(masked).sum().backward()
+        sparse = torch.randn(8, 16).relu().to_sparse().requires_grad_()
+        (sparse * 2.0).to_dense().sum().backward()
+
+    _out, summary = _probed(tmp_path, run, free_benchmark={"fuzz_stage": "backward",
+                                                           "list": ["tanh", "linear", "exp", "__mul__"]})
+    assert summary["errors"] == []
+    apis = summary["apis"]
+    assert apis["Functional.linear"]["checked"] == apis["Torch.tanh"]["checked"] == apis["Torch.exp"]["checked"] == 1
+    assert any("sparse" in r and "Tensor.__mul__" in u for r, u in summary["not_checked"].items())

@@ -106,6 +106,10 @@ class BackendDefaults:
         a tensor edited through its values buffer, or why its elements cannot be edited."""
         return None
 
+    def backward_reason(self, args: tuple, kwargs: dict) -> str | None:
+        """Why the backward stage cannot recompute this call's gradients (its inputs' layout), or None."""
+        return None
+
     def in_transform(self) -> bool:
         """True while a function transform (torch.func) wraps the tensors of the current call."""
         return False

@@ -106,6 +106,9 @@ class TorchBackend(BackendDefaults):
     def in_transform(self) -> bool:
         return torch_leaves.in_transform()
 
+    def backward_reason(self, args: tuple, kwargs: dict) -> str | None:
+        return torch_leaves.backward_reason(args, kwargs)
+
     def outside_transforms(self) -> Any:
         return torch_leaves.outside_transforms()
 

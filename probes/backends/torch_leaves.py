@@ -131,6 +131,18 @@ def _args_reason(args: tuple, kwargs: dict) -> str | None:
     return None
 
 
+SPARSE_BACKWARD = ("a sparse input: the backward stage's vector-Jacobian products run on strided tensors "
+                   "(the forward stage judges sparse calls)")
+
+
+def backward_reason(args: tuple, kwargs: dict) -> str | None:
+    """Why the backward stage cannot recompute this call's gradients, or None."""
+    for x in (*args, *kwargs.values()):
+        if isinstance(x, torch.Tensor) and x.layout not in (torch.strided, torch.jagged):
+            return SPARSE_BACKWARD
+    return None
+
+
 def call_reason(args: tuple, kwargs: dict) -> str | None:
     """Why this call is not re-run, from the state it runs in and its inputs; None: it is."""
     return state_reason() or _args_reason(args, kwargs)

@@ -278,6 +278,10 @@ class FreeBenchmarkProbe:
             self._skip(key, exclusions.TRANSFORM_BACKWARD if self.backward is not None else exclusions.TRANSFORM_FIX)
             return original(*args, **kwargs)
         if self.backward is not None:
+            why = self.backend.backward_reason(args, kwargs)
+            if why is not None:
+                self._skip(key, why)
+                return original(*args, **kwargs)
             return self.backward.on_call(meta, name, stats, original, args, kwargs)
         sampled = False
         if self.preheat is not None:

@@ -414,3 +414,30 @@ def test_the_backward_stage_judges_jagged_and_masked_calls_and_skips_sparse_ones
     apis = summary["apis"]
     assert apis["Functional.linear"]["checked"] == apis["Torch.tanh"]["checked"] == apis["Torch.exp"]["checked"] == 1
     assert any("sparse" in r and "Tensor.__mul__" in u for r, u in summary["not_checked"].items())
+
+
+@pytest.mark.parametrize("mode", ["improve_precision", "add_noise", "bit_noise", "no_change"])
+def test_complex_calls_are_judged(tmp_path, mode):
+    torch.manual_seed(0)
+    c = torch.randn(8, 16, dtype=torch.complex64)
+    plain = torch.exp(c) @ c.t()
+    out, summary = _probed(tmp_path, lambda: torch.exp(c) @ c.t(), mode)
+    assert torch.equal(out, plain)
+    assert summary["errors"] == []
+    assert summary["apis"]["Torch.exp"]["checked"] == summary["apis"]["Tensor.__matmul__"]["checked"] == 1
+
+
+def test_a_complex_defect_is_caught(tmp_path, monkeypatch):
+    """A complex64 exp whose parts go through bfloat16 is flagged against the complex128 re-run."""
+    exp = torch.exp
+
+    def lossy_exp(x):
+        y = exp(x)
+        if y.dtype != torch.complex64:
+            return y
+        return torch.view_as_complex(torch.view_as_real(y).to(torch.bfloat16).to(torch.float32).contiguous())
+
+    monkeypatch.setattr(torch, "exp", lossy_exp)
+    c = torch.randn(8, 16, dtype=torch.complex64)
+    _out, summary = _probed(tmp_path, lambda: torch.exp(c))
+    assert summary["apis"]["Torch.exp"]["flagged"] == 1

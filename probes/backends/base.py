@@ -110,6 +110,10 @@ class BackendDefaults:
         """Why the backward stage cannot recompute this call's gradients (its inputs' layout), or None."""
         return None
 
+    def is_complex(self, t: Any) -> bool:
+        """A complex tensor: perturbed and compared through its real and imaginary parts."""
+        return False
+
     def in_transform(self) -> bool:
         """True while a function transform (torch.func) wraps the tensors of the current call."""
         return False

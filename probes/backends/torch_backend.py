@@ -26,6 +26,7 @@ _INT_VIEW = {"float16": torch.int16, "bfloat16": torch.int16, "float32": torch.i
 # Every floating dtype narrower than float32 is raised to float32 by improve_precision (an
 # explicit table, not msprobe's "fp16/bf16 only", which left fp8 as it was or not by argument order).
 _LOW_PRECISION = {torch.float16, torch.bfloat16}
+_WIDER_COMPLEX = {("half", torch.complex32): torch.complex64, ("float32", torch.complex64): torch.complex128}
 # Devices whose kernels largely lack float64 (Ascend NPUs, Apple MPS): improve_precision's float64
 # re-run of a float32 call happens on the CPU there, with the inputs copied over.
 NO_FLOAT64_DEVICES = frozenset({"npu", "mps"})
@@ -71,7 +72,10 @@ class TorchBackend(BackendDefaults):
         return _xp_torch
 
     def is_low_precision(self, t: Any) -> bool:
-        return t.dtype in _LOW_PRECISION
+        return t.dtype in _LOW_PRECISION or t.dtype == torch.complex32
+
+    def is_complex(self, t: Any) -> bool:
+        return t.is_complex() and t.device.type != "meta"
 
     def upcast(self, t: Any) -> Any:
         """float32 copy of a low-precision float tensor (same device), else the tensor itself."""
@@ -86,6 +90,11 @@ class TorchBackend(BackendDefaults):
         the CPU first, for devices without float64). Raising `dtype=` with the tensors keeps
         calls like vector_norm(x, dtype=torch.bfloat16) checkable."""
         if isinstance(x, torch.Tensor):
+            if x.is_complex():  # complex32 -> complex64 (half), complex64 -> complex128 (float32)
+                wider = _WIDER_COMPLEX.get((source, x.dtype))
+                if wider is None:
+                    return x.detach().to("cpu") if on_cpu else None
+                return x.detach().to(device="cpu" if on_cpu else x.device, dtype=wider)
             if source == "half":
                 return x.detach().to(torch.float32) if x.dtype in _LOW_PRECISION else None
             if x.dtype == torch.float32:

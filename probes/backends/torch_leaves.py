@@ -201,6 +201,8 @@ def value_parts(t: torch.Tensor) -> tuple[torch.Tensor, Callable[[torch.Tensor],
     values buffer and how to rebuild a tensor of its kind around edited values, or why it
     cannot be edited."""
     if type(t) is torch.Tensor and t.layout == torch.strided and not t.is_nested:
+        if t.is_complex():  # edited through its real and imaginary parts
+            return torch.view_as_real(t.resolve_conj()), torch.view_as_complex
         return None
     if _functorch.is_functorch_wrapped_tensor(t) or _device_stand_in(type(t)):
         return None  # element-wise operators run through the transform

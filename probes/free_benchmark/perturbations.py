@@ -52,14 +52,12 @@ def _no_inplace(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 
 def _float_leaves(backend: Any, args: tuple, kwargs: dict) -> Iterator[tuple[str, tuple, Any]]:
-    """(where, path, tensor) for every floating tensor, positional args first, then kwargs
-    (msprobe searched positional args only)."""
-    for path, leaf in iter_leaves(args):
-        if backend.is_tensor(leaf) and backend.is_float(leaf):
-            yield "args", path, leaf
-    for path, leaf in iter_leaves(kwargs):
-        if backend.is_tensor(leaf) and backend.is_float(leaf):
-            yield "kwargs", path, leaf
+    """(where, path, tensor) for every floating (or complex: its real and imaginary parts) tensor,
+    positional args first, then kwargs (msprobe searched positional args only)."""
+    for where, tree in (("args", args), ("kwargs", kwargs)):
+        for path, leaf in iter_leaves(tree):
+            if backend.is_tensor(leaf) and (backend.is_float(leaf) or backend.is_complex(leaf)):
+                yield where, path, leaf
 
 
 def _identity(x: Any) -> Any:
@@ -150,7 +148,7 @@ class ImprovePrecision(Perturbation):
             return Cancelled("no floating-point tensor among the inputs")
         if any(b.is_low_precision(t) for t in leaves):
             source = "half"
-        elif self.raise_float32 and any(b.dtype_name(t) == "float32" for t in leaves):
+        elif self.raise_float32 and any(b.dtype_name(b.real_view(t)) == "float32" for t in leaves):
             source = "float32"
         else:
             return Cancelled("inputs are already float64" if self.raise_float32
@@ -249,6 +247,9 @@ class NoChange(Perturbation):
 
     mode = "no_change"
     edits_elements = False
+
+    def accepts(self, t: Any) -> str | None:
+        return "tensor is empty" if self.backend.numel(t) == 0 else None  # any dtype runs again as it is
 
     def perturb(self, t: Any) -> Any:
         return t

@@ -1,11 +1,11 @@
 """The TorchDispatchMode that checks every aten op against a CPU re-run.
 
-Per call: cached skip decision for the overload (skipped calls cost one dict lookup and a
-counter) -> CPU copies of the inputs -> the device op, exactly as without the mode -> the
-reference re-run -> figures on the reference side, one host transfer -> rows, and for failing
-ops (auto), every op (all) or listed ops (list) the .npy dumps. Everything after the device op is
-inside a try: a probe error becomes a row's Err_message or a summary entry, never an exception
-in the user's code, and the device result is returned untouched.
+Per call: cached skip decision for the overload (for attention also the call's dropout_p;
+skipped calls cost one dict lookup and a counter) -> CPU copies of the inputs -> the device op,
+exactly as without the mode -> the reference re-run -> figures on the reference side, one host
+transfer -> rows, and for failing ops (auto), every op (all) or listed ops (list) the .npy dumps.
+Everything after the device op is inside a try: a probe error becomes a row's Err_message or a
+summary entry, never an exception in the user's code, and the device result is returned untouched.
 
 With `background` (default "auto": ops of at least workers.AUTO_THREAD_BYTES, when the thread can
 overlap, see workers.use_reference_thread) the re-run and the figures run in one background thread on a private copy of the device result,
@@ -54,13 +54,14 @@ _PROBES_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 class _OpInfo:
     """What the mode needs about one overload, computed once."""
 
-    __slots__ = ("api", "overload", "half_to_float", "written", "skip", "on_host")
+    __slots__ = ("api", "overload", "half_to_float", "written", "skip", "on_host", "per_call")
 
     def __init__(self, func: Any) -> None:
         self.overload = func._overloadname
         self.skip = skip_list.skip_reason(func)
+        self.per_call = skip_list.call_rule(func)  # attention: skipped only when the call drops out
         self.api = func._opname
-        self.on_host = func
+        self.on_host = reference.host_reference(func) or func
         if func.namespace == "npu":  # torch_npu's fused ops: no CPU kernel, their math is the reference
             self.api = f"NPU.{func._opname}"
             self.on_host = npu_references.reference_for(func._opname)
@@ -255,6 +256,8 @@ class OnlineDispatchMode(TorchDispatchMode):
         if info is None:
             info = self._infos[func] = _OpInfo(func)
         reason = info.skip
+        if reason is None and info.per_call is not None:
+            reason = info.per_call(args, kwargs)
         if reason is None and func in self._no_cpu_kernel:
             reason = skip_list.NO_CPU_KERNEL
         if reason is None and types and not all(getattr(t, "__simulated_device__", None) for t in types):

@@ -12,12 +12,16 @@ values the op received (msprobe dumped an in-place op's inputs after they were m
 ``dtype=`` arguments are raised like the tensors (msprobe forwarded ``dtype=torch.float16``, so
 its CPU run could stay in half precision), device
 arguments become ``cpu``, and ``half_to_float`` is cleared (the CPU refuses it on non-half inputs).
+
+The fused attention kernels (``ATTENTION``) are the exception to "the reference is the op re-run":
+their reference is `attention`, the computation written out (see there and `host_reference`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -143,3 +147,205 @@ def build_reference(
         call.pristine_args = tuple(_clone(a) if i in positions else a for i, a in enumerate(ref_args))
         call.pristine_kwargs = {k: (_clone(v) if k in names else v) for k, v in ref_kwargs.items()}
     return call
+
+
+# attention ---------------------------------------------------------------------------------------
+# The fused attention kernels are not re-run: an accelerator's flash kernels have no CPU kernel,
+# and the CPU flash kernel re-run in float64 would be checked against itself. Their reference is
+# attention written out in the reference dtype (`attention`), forward and backward; outputs that
+# are not values of attention (RNG state, sequence bookkeeping, debug masks) are not compared.
+
+
+@dataclass(frozen=True)
+class NotCompared:
+    """The reference of a device output that is not a value of the computation (RNG state,
+    bookkeeping for packed sequences, a debug mask): a reference can only differ from it by design."""
+
+    reason: str
+
+
+@dataclass
+class PerQuery:
+    """The reference of a per-query value (attention's logsumexp). Kernels store it in their own
+    layout (padded to a block of queries, with a trailing unit dimension), and a query whose every
+    key is masked has no logsumexp (kernels write 0, inf or -inf there), so only the defined
+    values, in the reference's (..., L) layout, are compared."""
+
+    value: torch.Tensor
+
+    def align(self, dev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(device, reference) on the reference's shape, undefined entries zero on both sides;
+        None when the device did not compute it (empty) or stores it in a layout not known here."""
+        ref = self.value
+        if dev.numel() == 0:
+            return None
+        if dev.shape != ref.shape:
+            if dev.dim() == ref.dim() + 1 and dev.shape[-1] == 1 and dev.shape[:-1] == ref.shape:
+                dev = dev.squeeze(-1)
+            elif dev.dim() == ref.dim() and dev.shape[:-1] == ref.shape[:-1] and dev.shape[-1] > ref.shape[-1]:
+                dev = dev[..., : ref.shape[-1]]
+            else:
+                return None
+        undefined = ref == float("-inf")
+        return dev.masked_fill(undefined, 0), ref.masked_fill(undefined, 0)
+
+
+# score elements per block of queries: bounds the reference's memory on long sequences
+_BLOCK_ELEMENTS = 1 << 22
+_NOT_VALUES = {
+    "cum": NotCompared("cumulative sequence lengths of packed inputs: bookkeeping, not a value"),
+    "len": NotCompared("maximum sequence length: bookkeeping, not a value"),
+    "rng": NotCompared("random-number state (philox seed and offset)"),
+    "unused": NotCompared("unused output"),
+    "debug": NotCompared("debug attention mask"),
+}
+
+
+@dataclass(frozen=True)
+class _Attention:
+    """Where an attention op's operands are and what it returns."""
+
+    mask: str | None  # the additive (or boolean) mask argument
+    outputs: tuple[str, ...]  # forward: "out", "lse" or a _NOT_VALUES key; backward: q, k, v, mask
+    lower_right: bool = False  # is_causal aligned to the last key (CUDA flash), else to the first
+    grad_mask: str | None = None  # the backward's bool[4] of requested gradients
+    backward: bool = False
+
+
+_PACKED = ("out", "lse", "cum", "cum", "len", "len", "rng", "rng", "debug")
+ATTENTION: dict[str, _Attention] = {
+    "_scaled_dot_product_flash_attention_for_cpu": _Attention("attn_mask", ("out", "lse")),
+    "_scaled_dot_product_flash_attention": _Attention(
+        None, ("out", "lse", "cum", "cum", "len", "len", "rng", "unused", "debug"), lower_right=True),
+    "_scaled_dot_product_efficient_attention": _Attention("attn_bias", ("out", "lse", "rng", "rng")),
+    "_scaled_dot_product_cudnn_attention": _Attention("attn_bias", _PACKED),
+    "_scaled_dot_product_fused_attention_overrideable": _Attention("attn_bias", _PACKED),
+    "_scaled_dot_product_flash_attention_for_cpu_backward": _Attention(
+        "attn_mask", ("q", "k", "v"), backward=True),
+    "_scaled_dot_product_flash_attention_backward": _Attention(
+        None, ("q", "k", "v"), lower_right=True, backward=True),
+    "_scaled_dot_product_efficient_attention_backward": _Attention(
+        "attn_bias", ("q", "k", "v", "mask"), grad_mask="grad_input_mask", backward=True),
+    "_scaled_dot_product_cudnn_attention_backward": _Attention("attn_bias", ("q", "k", "v"), backward=True),
+    "_scaled_dot_product_fused_attention_overrideable_backward": _Attention(
+        "attn_bias", ("q", "k", "v", "mask"), grad_mask="grad_input_mask", backward=True),
+}
+
+
+def host_reference(func: Any) -> Callable[..., tuple[Any, ...]] | None:
+    """The CPU reference of an op that is not its own CPU re-run (the fused attention kernels),
+    called like the op on the reference's arguments; None for every other op (the ``quantized``
+    overloads too: their descaling factors are not modelled, so they are re-run like any op)."""
+    if func.namespace != "aten" or func._overloadname != "default":
+        return None
+    spec = ATTENTION.get(func._opname)
+    if spec is None:
+        return None
+    arguments = func._schema.arguments
+    names = [a.name for a in arguments]
+    defaults = {a.name: a.default_value for a in arguments if a.has_default_value()}
+
+    def attention_reference(*args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        bound = {**defaults, **dict(zip(names, args)), **kwargs}
+        return _attention_call(spec, bound, bound[names[0]] if spec.backward else None)
+
+    return attention_reference
+
+
+def _attention_call(spec: _Attention, bound: dict[str, Any], grad: torch.Tensor | None) -> tuple[Any, ...]:
+    q, k, v = bound["query"], bound["key"], bound["value"]
+    mask = bound.get(spec.mask) if spec.mask is not None else None
+    out, lse, grads = attention(q, k, v, mask, bool(bound.get("is_causal", False)), bound.get("scale"),
+                                spec.lower_right, grad, bound.get("out") if spec.backward else None)
+    if grads is None:
+        values = {"out": out, "lse": PerQuery(lse)}
+        return tuple(values[kind] if kind in values else _NOT_VALUES[kind] for kind in spec.outputs)
+    wanted = bound.get(spec.grad_mask) if spec.grad_mask is not None else None
+    result: list[Any] = []
+    for i, g in enumerate(grads[: len(spec.outputs)]):
+        if g is None or (wanted is not None and not wanted[i]):
+            result.append(NotCompared("gradient not requested"))
+        else:
+            result.append(g)
+    return tuple(result)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool,
+              scale: float | None, lower_right: bool = False, grad: torch.Tensor | None = None,
+              saved_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, tuple[Any, ...] | None]:
+    """softmax(q kᵀ · scale + mask) v written out, its logsumexp per query and, given the output's
+    gradient, the gradients of q, k, v and the mask: the reference of every fused attention kernel.
+
+    The backward takes the softmax's correction rowsum(grad · out) from `saved_out`, the forward
+    output the device's backward received, as that kernel does: the backward is judged on its own
+    inputs like every op, and a forward output rounded to bf16 (its error, cancelling in
+    dP - rowsum, reached 6 bf16 ulps in dq against 2.5 with the saved output) is not blamed on it.
+
+    Computed in blocks of queries (the score matrix of a long sequence does not fit in memory in
+    float64). A query whose every key is masked attends to nothing: output 0, logsumexp -inf,
+    zero gradients (the convention of PyTorch's safe softmax). Key and value heads fewer than the
+    query heads (grouped-query attention) are shared by consecutive query heads."""
+    dtype = q.dtype
+    seq_q, seq_k = q.shape[-2], k.shape[-2]
+    groups = q.shape[-3] // k.shape[-3] if q.dim() >= 3 and k.dim() >= 3 and k.shape[-3] != q.shape[-3] else 1
+    kx = k.repeat_interleave(groups, dim=-3) if groups > 1 else k
+    vx = v.repeat_interleave(groups, dim=-3) if groups > 1 else v
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    bias = None
+    if mask is not None:
+        bias = mask if mask.dtype != torch.bool else torch.zeros(mask.shape, dtype=dtype).masked_fill(
+            ~mask, float("-inf"))
+        bias = bias.to(dtype)
+        if bias.dim() < 2:
+            bias = bias.reshape(1, -1)
+    lead = torch.broadcast_shapes(q.shape[:-2], kx.shape[:-2])
+    block = max(1, _BLOCK_ELEMENTS // max(1, math.prod(lead) * seq_k))
+    out = torch.empty(lead + (seq_q, v.shape[-1]), dtype=dtype)
+    lse = torch.empty(lead + (seq_q,), dtype=dtype)
+    if grad is not None:
+        dq = torch.empty(q.shape, dtype=dtype)
+        dk, dv = torch.zeros(kx.shape, dtype=dtype), torch.zeros(vx.shape, dtype=dtype)
+        dbias = torch.zeros(bias.shape, dtype=dtype) if bias is not None and mask.dtype != torch.bool else None
+    kt, vt = kx.transpose(-2, -1), vx.transpose(-2, -1)
+    saved = saved_out.to(dtype) if saved_out is not None and grad is not None and saved_out.shape == grad.shape else None
+    shift = seq_k - seq_q if lower_right else 0
+    zero = torch.zeros((), dtype=dtype)
+    for start in range(0, seq_q, block):
+        n = min(block, seq_q - start)
+        qc = q.narrow(-2, start, n)
+        scores = (qc @ kt) * scale
+        bc = None
+        if bias is not None:
+            bc = bias.narrow(-2, start, n) if bias.shape[-2] != 1 else bias
+            scores = scores + bc
+        if causal:
+            rows = torch.arange(start, start + n).unsqueeze(-1) + shift
+            scores = scores.masked_fill(torch.arange(seq_k) > rows, float("-inf"))
+        top = scores.amax(-1, keepdim=True)
+        top = torch.where(top == float("-inf"), zero, top)
+        p = torch.exp(scores - top)
+        total = p.sum(-1, keepdim=True)
+        lse.narrow(-1, start, n).copy_((top + total.log()).squeeze(-1))
+        p = torch.where(total > 0, p / total, zero)
+        oc = p @ vx
+        out.narrow(-2, start, n).copy_(oc)
+        if grad is None:
+            continue
+        go = grad.to(dtype).narrow(-2, start, n)
+        oc = saved.narrow(-2, start, n) if saved is not None else oc
+        ds = p * (go @ vt - (go * oc).sum(-1, keepdim=True))
+        dq.narrow(-2, start, n).copy_((ds @ kx * scale).sum_to_size(qc.shape))
+        dk += (ds.transpose(-2, -1) @ qc * scale).sum_to_size(dk.shape)
+        dv += (p.transpose(-2, -1) @ go).sum_to_size(dv.shape)
+        if dbias is not None:
+            if bias.shape[-2] != 1:
+                dbias.narrow(-2, start, n).add_(ds.sum_to_size(bc.shape))
+            else:
+                dbias += ds.sum_to_size(dbias.shape)
+    if grad is None:
+        return out, lse, None
+    if groups > 1:
+        dk = dk.unflatten(-3, (k.shape[-3], groups)).sum(-3)
+        dv = dv.unflatten(-3, (v.shape[-3], groups)).sum(-3)
+    dmask = dbias.reshape(mask.shape) if dbias is not None else None
+    return out, lse, (dq, dk.sum_to_size(k.shape), dv.sum_to_size(v.shape), dmask)

@@ -5,7 +5,9 @@ arithmetic (it moves, views or allocates data), or would report differences that
 defects (random numbers, uninitialised memory, device-specific answers), or cannot be re-run
 on the CPU at all (collectives). The decision depends on the op overload only, so the mode
 computes it once per overload and caches it; the reasons are the keys of summary.json's
-``skipped`` counts.
+``skipped`` counts. The exception is attention (``ATTENTION_BY_CALL``): its kernels take a
+``dropout_p`` and carry the ``nondeterministic_seeded`` tag, yet they draw random numbers only when
+they drop out, so `call_rule` decides per call (eval mode and dropout-free training compare them).
 
 The reference (msprobe 8.3.3) kept a fixed name list with gaps (``empty_like``, ``normal_``,
 ``native_dropout``, void ops such as ``_foreach_add_`` ... were re-run and compared); here the
@@ -15,7 +17,7 @@ the ``nondeterministic_seeded`` tag, view aliasing), and the name lists below co
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -56,6 +58,18 @@ for _reason, _names in (
     for _name in _names.split():
         _BY_NAME[_name] = _reason
 
+# Attention kernels, forward and backward: random only when the call's dropout_p is above 0.
+# (``_scaled_dot_product_attention_math`` is composite and reaches a dispatch mode as its parts;
+# it is listed for callers that see it whole.)
+ATTENTION_BY_CALL = frozenset({
+    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward",
+    "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_backward",
+    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_efficient_attention_backward",
+    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_cudnn_attention_backward",
+    "_scaled_dot_product_fused_attention_overrideable", "_scaled_dot_product_fused_attention_overrideable_backward",
+    "_scaled_dot_product_attention_math",
+})
+
 _COLLECTIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional", "_dtensor", "_c10d_functional_autograd"})
 _SEEDED = getattr(torch.Tag, "nondeterministic_seeded", None)
 
@@ -87,6 +101,8 @@ def skip_reason(func: Any) -> str | None:
     by_name = _BY_NAME.get(name)
     if by_name is not None:
         return by_name
+    if name in ATTENTION_BY_CALL and func.namespace == "aten":
+        return None  # decided per call: call_rule
     if "all_reduce" in name or "allreduce" in name or "all_gather" in name or "reduce_scatter" in name:
         return COLLECTIVE
     schema = func._schema
@@ -97,3 +113,22 @@ def skip_reason(func: Any) -> str | None:
     if not _has_tensor_argument(schema):
         return FACTORY
     return None
+
+
+def call_rule(func: Any) -> Callable[[tuple, dict], str | None] | None:
+    """For an op whose skip depends on its arguments (attention: dropout), the per-call decision
+    (the reason or None, from the call's args and kwargs); None for ops decided per overload."""
+    if func.namespace != "aten" or func._opname not in ATTENTION_BY_CALL:
+        return None
+    arguments = func._schema.arguments
+    found = [(i, a) for i, a in enumerate(arguments) if a.name == "dropout_p"]
+    if not found:
+        return None
+    position, argument = found[0]
+    default = argument.default_value if argument.has_default_value() else 0.0
+
+    def dropout_rule(args: tuple, kwargs: dict) -> str | None:
+        p = args[position] if position < len(args) else kwargs.get("dropout_p", default)
+        return RNG if p is not None and float(p) > 0.0 else None
+
+    return dropout_rule

@@ -3,7 +3,10 @@
 `collect` walks both results in parallel (tensors, tuples, lists, None, Python scalars;
 msprobe raised into the user's code on tuple, list and None outputs)
 and pairs every output leaf with its reference; for an op that returns nothing but writes into
-its arguments (``_foreach_add_``) the written arguments are the outputs. `figures` runs the
+its arguments (``_foreach_add_``) the written arguments are the outputs. A reference leaf may say
+that its device leaf is not a value to compare (`reference.NotCompared`: attention's RNG state
+and bookkeeping; a row says why) or that only part of it is defined (`reference.PerQuery`:
+attention's logsumexp, compared on the queries that attend to something). `figures` runs the
 core formulas (probes.core.dispatch_metrics: the documented rule's figures and the scaled
 error) on the reference's side for every leaf, then copies all of them to the host at once.
 `rows` judges each leaf by the documented rule, the scaled rule or both (`rule`).
@@ -22,7 +25,7 @@ from probes.core import dispatch_metrics as dm
 from probes.core import rules
 from probes.core.metrics import finish_single_benchmark
 from probes.core.thresholds import FLOAT_DTYPES, dispatch_scaled_threshold, single_benchmark_threshold
-from probes.online_dispatch.reference import CPU
+from probes.online_dispatch.reference import CPU, NotCompared, PerQuery
 from probes.online_dispatch.results import Row, input_row, output_row, special_row
 
 
@@ -89,9 +92,27 @@ def _real(t: torch.Tensor) -> torch.Tensor:
 _SCALARS = (bool, int, float)
 
 
+def _not_compared(cmp: OpComparison, name: str, dev: Any, ref: Any, message: str) -> None:
+    """A row for a device leaf the reference does not reproduce (accuracy Nan: not a failure)."""
+    ref_shape = str(_shape(ref)) if isinstance(ref, torch.Tensor) else ""
+    ref_type = _type_str(ref) if isinstance(ref, torch.Tensor) else ""
+    cmp.outputs.append(OutputLeaf(name, _type_str(dev), ref_type, _dtype_name(dev), _shape(dev), special=special_row(
+        name, _type_str(dev), ref_type, str(_shape(dev)), ref_shape, dm.NAN, message, figure="unsupported")))
+
+
 def _add_pair(cmp: OpComparison, name: str, dev: Any, ref: Any) -> None:
-    if dev is None and ref is None:
+    if dev is None and (ref is None or isinstance(ref, NotCompared)):
         return
+    if isinstance(ref, NotCompared):
+        _not_compared(cmp, name, dev, None, f"not compared: {ref.reason}")
+        return
+    if isinstance(ref, PerQuery):
+        aligned = ref.align(dev.detach().to(CPU)) if isinstance(dev, torch.Tensor) else None
+        if aligned is None:
+            _not_compared(cmp, name, dev, ref.value,
+                          "not compared: per-query values not computed, or in a layout not known here")
+            return
+        dev, ref = aligned
     leaf = OutputLeaf(name, _type_str(dev), _type_str(ref), _dtype_name(dev), _shape(dev))
     cmp.outputs.append(leaf)
     if isinstance(dev, torch.Tensor) and isinstance(ref, torch.Tensor):

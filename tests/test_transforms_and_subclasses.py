@@ -441,3 +441,110 @@ def test_a_complex_defect_is_caught(tmp_path, monkeypatch):
     c = torch.randn(8, 16, dtype=torch.complex64)
     _out, summary = _probed(tmp_path, lambda: torch.exp(c))
     assert summary["apis"]["Torch.exp"]["flagged"] == 1
+
+
+# online_dispatch and grad_probe -------------------------------------------------------------------
+
+
+def _dispatched(tmp_path, fn):
+    from probes.online_dispatch import results as od_results  # noqa: F401 - the tool's package
+    from probes.pytorch.online_dispatch import PtdbgDispatch
+
+    mode = PtdbgDispatch(dump_mode="auto", dump_path=str(tmp_path / "od"))
+    with mode:
+        out = fn()
+    return out, mode.results.summary()
+
+
+@pytest.mark.parametrize("name", list(_transforms()))
+def test_online_dispatch_compares_the_kernels_inside_transforms(tmp_path, name):
+    torch.manual_seed(1)
+    plain = _transforms()[name]()
+    torch.manual_seed(1)
+    probed, summary = _dispatched(tmp_path, _transforms()[name])
+    assert _same(plain, probed)
+    assert not summary["probe_errors"] and summary["ops_compared"] >= 1
+
+
+@pytest.mark.parametrize("name", ["nested_jagged", "masked", "torch_function_subclass"])
+def test_online_dispatch_compares_a_subclass_through_its_plain_operators(tmp_path, name):
+    fn, _api = _subclass_cases()[name]
+    plain = fn()
+    probed, summary = _dispatched(tmp_path, fn)
+    assert torch.equal(_values(probed), _values(plain))
+    assert not summary["probe_errors"] and summary["ops_compared"] >= 1
+
+
+def test_online_dispatch_compares_a_users_dispatch_subclass_through_its_operators(tmp_path):
+    x = _Wrapper(torch.randn(8, 16))
+    out, summary = _dispatched(tmp_path, lambda: torch.tanh(x * 2.0))
+    assert torch.equal(out.elem, torch.tanh(x.elem * 2.0))
+    assert not summary["probe_errors"] and summary["ops_compared"] == 2
+
+
+def test_online_dispatch_leaves_a_users_mode_and_a_tracer_as_without_it(tmp_path):
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.utils.flop_counter import FlopCounterMode
+
+    w, x = torch.randn(64, 64), torch.randn(32, 64)
+
+    def flops():
+        counter = FlopCounterMode(display=False)
+        with counter:
+            with _dispatcher(tmp_path / "inner"):
+                F.linear(x, w)
+        return counter.get_total_flops()
+
+    def plain_flops():
+        counter = FlopCounterMode(display=False)
+        with counter:
+            F.linear(x, w)
+        return counter.get_total_flops()
+
+    assert flops() == plain_flops() > 0
+
+    def f(a):
+        return torch.tanh(F.linear(a, w))
+
+    plain = make_fx(f)(x).code
+    traced, summary = _dispatched(tmp_path / "fx", lambda: make_fx(f)(x).code)
+    assert traced == plain
+    assert not summary["probe_errors"]
+
+
+def _dispatcher(path):
+    from probes.pytorch.online_dispatch import PtdbgDispatch
+
+    return PtdbgDispatch(dump_mode="auto", dump_path=str(path))
+
+
+def test_grad_probe_records_gradients_computed_with_torch_func(tmp_path):
+    """Per-sample gradients from vmap(grad(functional_call)), averaged into .grad: every step's
+    statistics are written, and a jacrev through the model between steps changes nothing."""
+    import csv
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 8), nn.Tanh(), nn.Linear(8, 1))
+    dbg = PrecisionDebugger(config={"task": "grad_probe", "dump_path": str(tmp_path / "gp"),
+                                    "grad_probe": {"grad_level": "L1"}})
+    dbg.monitor(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(32, 16), torch.randn(32, 1)
+    params = dict(model.named_parameters())
+
+    def loss(p, xb, yb):
+        return ((torch.func.functional_call(model, p, (xb,)) - yb) ** 2).mean()
+
+    for _ in range(3):
+        per_sample = torch.vmap(torch.func.grad(loss), in_dims=(None, 0, 0))(
+            {k: v.detach() for k, v in params.items()}, x.unsqueeze(1), y.unsqueeze(1))
+        for k, v in params.items():
+            v.grad = per_sample[k].mean(0)
+        opt.step()
+        opt.zero_grad()
+        torch.func.jacrev(lambda p: torch.func.functional_call(model, p, (x[:2],)))(params)
+    dbg.stop()
+    files = sorted((tmp_path / "gp" / "rank0").glob("grad_summary_*.csv"))
+    assert [f.name for f in files] == [f"grad_summary_{i}.csv" for i in range(3)]
+    rows = list(csv.reader(files[0].open()))
+    assert len(rows) == 1 + 4  # header and the four parameters

@@ -51,6 +51,23 @@ _TORCH_DIR = os.path.dirname(torch.__file__)
 _PROBES_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+
+# subclasses that run only under their own mode (a tracer's): they cannot take an op back, and
+# have no values to compare
+_MODE_BOUND = ("FakeTensor", "FunctionalTensor")
+
+
+def _dispatching_subclass(types: Any) -> bool:
+    """A subclass among the op's tensor types that takes the op back when the mode declines it:
+    one with its own __torch_dispatch__, not a tracer's, not a device stand-in."""
+    own = [t for t in types if getattr(t, "__torch_dispatch__", _PLAIN_DISPATCH) is not _PLAIN_DISPATCH
+           and not getattr(t, "__simulated_device__", None)]
+    return bool(own) and not any(c.__name__ in _MODE_BOUND for t in own for c in t.__mro__)
+
+
+_PLAIN_DISPATCH = torch.Tensor.__torch_dispatch__
+
+
 class _OpInfo:
     """What the mode needs about one overload, computed once."""
 
@@ -261,8 +278,15 @@ class OnlineDispatchMode(TorchDispatchMode):
         if reason is None and func in self._no_cpu_kernel:
             reason = skip_list.NO_CPU_KERNEL
         if reason is None and types and not all(getattr(t, "__simulated_device__", None) for t in types):
-            # a subclass that stands for a plain device tensor (pytest_msprobe.testing.simulated_npu) is one
-            reason = skip_list.UNSUPPORTED_TENSOR
+            reason = skip_list.UNSUPPORTED_TENSOR  # a tracer's tensors: no values
+        if types and _dispatching_subclass(types):
+            # a tensor subclass (nested, masked, DTensor, a user's): its own __torch_dispatch__ runs
+            # the op as operators on plain tensors, which come back through this mode and are
+            # compared; the subclass-level op is counted apart (a subclass that stands for a plain
+            # device tensor, pytest_msprobe.testing.simulated_npu, is compared as one)
+            key = (skip_list.THROUGH_SUBCLASS, func)
+            self.results.skipped[key] = self.results.skipped.get(key, 0) + 1
+            return NotImplemented
         device = None
         if reason is None:
             device = reference.device_under_test(args, kwargs)
@@ -326,7 +350,10 @@ class OnlineDispatchMode(TorchDispatchMode):
                float64: bool = False) -> Any:
         results = self.results
         try:
-            with torch.no_grad():
+            # the probe's own operators (copies, the reference, figures) run with every other
+            # mode off: a user's mode outside this one (FlopCounterMode, a logger) and a tracer
+            # (make_fx) see the user's op only, as without the probe
+            with torch.no_grad(), _disable_current_modes():
                 # pristine copies of written arguments: their input rows and dumps show what the op received
                 ref = reference.build_reference(args, kwargs, float64 or device.type == "cpu", info.half_to_float,
                                                 info.written, keep_pristine=True)
@@ -335,6 +362,13 @@ class OnlineDispatchMode(TorchDispatchMode):
             results.add_error(str(func), "copying the inputs for the reference", exc)
             return out
         out = func(*args, **kwargs)  # the user's op, untouched
+        with _disable_current_modes():
+            self._judge(func, info, device, ref, args, kwargs, out)
+        return out
+
+    def _judge(self, func: Any, info: _OpInfo, device: torch.device, ref: Any, args: tuple, kwargs: dict,
+               out: Any) -> None:
+        """The reference run and the figures of one op (now, or handed to the reference thread)."""
         job = _Job(func, info, device, ref, args, kwargs, None)
         try:
             void = out is None or (isinstance(out, tuple) and not out)
@@ -348,7 +382,7 @@ class OnlineDispatchMode(TorchDispatchMode):
                 # and may change these tensors in place before the thread reads them
                 pool.submit(job, self._measure, job, _snapshot(out), _snapshot(written),
                             torch.is_inference_mode_enabled())
-                return out
+                return
             outcome = self._prepare(job, out, written)
             if outcome is None and pool is not None and not self._threaded:
                 # the workers get private copies: the user's tensors may change before they are pickled
@@ -359,7 +393,6 @@ class OnlineDispatchMode(TorchDispatchMode):
                 self._finish_job(job, figs)
         except Exception as exc:  # recorded in the op's row and the summary, never raised
             self._finish_job(job, exc)
-        return out
 
     def _prepare(self, job: _Job, out: Any, written: list[Any] | None) -> _Skipped | _ReferenceFailed | None:
         """Number the op, run the CPU reference and pair its results with the device's (into

@@ -61,12 +61,13 @@ def device_under_test(args: tuple, kwargs: dict) -> torch.device | None:
 
 
 def plain_strided(args: tuple, kwargs: dict) -> bool:
-    """True when every tensor argument is an ordinary dense tensor with data (not meta/sparse)."""
+    """True when every tensor argument is an ordinary dense tensor with data (not meta, sparse,
+    quantized or nested)."""
     stack: list[Any] = [args, kwargs]
     while stack:
         x = stack.pop()
         if isinstance(x, torch.Tensor):
-            if x.layout is not torch.strided or x.device.type == "meta" or x.is_quantized:
+            if x.layout is not torch.strided or x.device.type == "meta" or x.is_quantized or x.is_nested:
                 return False
         elif isinstance(x, (list, tuple)):
             stack.extend(x)

@@ -32,6 +32,7 @@ HOST_SYNC = "host sync or assertion (item, _local_scalar_dense, _assert_*)"
 DEVICE_QUERY = "asks about the device or backend: the CPU's answer differs by design"
 # Decided per call rather than per overload:
 NO_TENSOR = "called without tensors"
+THROUGH_SUBCLASS = "tensor subclass: compared through the operators its __torch_dispatch__ runs on plain tensors"
 UNSUPPORTED_TENSOR = "tensor subclass, meta, sparse or other non-strided tensors"
 NO_CPU_KERNEL = "the reference run failed on the CPU (first failure recorded in the CSV)"
 NO_CPU_REFERENCE = "a torch_npu operator without a CPU reference in probes/backends/npu_references.py"

@@ -326,7 +326,7 @@ def scaled_ulps(figure: float, dtype_name: str) -> float | str:
 
 
 def judge(figures: list[float], numel: int, dtype_name: str, floor: float, rule: str = rules.BOTH,
-          scaled_applies: bool = True) -> LeafVerdict:
+          scaled_applies: bool = True, chained: bool = False) -> LeafVerdict:
     """Verdict of one leaf from the host copy of its figures.
 
     Order: non-finite values that disagree fail (under either rule); integer / bool values must
@@ -336,7 +336,8 @@ def judge(figures: list[float], numel: int, dtype_name: str, floor: float, rule:
     a scaled figure: `scaled_applies` is False for Python scalars, and figure vectors of
     FIGURE_COUNT entries have none). For the documented rule a one-element leaf has no cosine
     (msprobe: "tensor is scalar") and is judged as if its cosine were the sign agreement (+1 / -1),
-    and a side that is all zero while the other is not (cosine undefined) fails.
+    and a side that is all zero while the other is not (cosine undefined) fails. `chained`: the
+    op is a fused backward whose limit is wider (thresholds.dispatch_scaled_threshold).
     """
     count = figures[FINITE_COUNT]
     max_abs = max_abs_err(figures)
@@ -375,7 +376,7 @@ def judge(figures: list[float], numel: int, dtype_name: str, floor: float, rule:
         return LeafVerdict(cosine, max_abs, max_rel, accuracy, "; ".join(messages),
                            failed_rule=every_rule if accuracy == NO else "", **common)
     literal_fail = use_reference and (effective is None or rule_fails(effective, max_abs))
-    threshold = dispatch_scaled_threshold(dtype_name)
+    threshold = dispatch_scaled_threshold(dtype_name, chained)
     scaled_fail = use_scaled and figure is not None and threshold is not None and figure > threshold
     if scaled_fail:
         messages.append(f"scaled error {ulps:.4g} ulp > {threshold / MACHINE_EPS[dtype_name]:.4g} ulp")

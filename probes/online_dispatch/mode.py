@@ -71,12 +71,13 @@ _PLAIN_DISPATCH = torch.Tensor.__torch_dispatch__
 class _OpInfo:
     """What the mode needs about one overload, computed once."""
 
-    __slots__ = ("api", "overload", "half_to_float", "written", "skip", "on_host", "per_call")
+    __slots__ = ("api", "overload", "half_to_float", "written", "skip", "on_host", "per_call", "chained")
 
     def __init__(self, func: Any) -> None:
         self.overload = func._overloadname
         self.skip = skip_list.skip_reason(func)
         self.per_call = skip_list.call_rule(func)  # attention: skipped only when the call drops out
+        self.chained = skip_list.chains_roundings(func)
         self.api = func._opname
         self.on_host = reference.host_reference(func) or func
         if func.namespace == "npu":  # torch_npu's fused ops: no CPU kernel, their math is the reference
@@ -404,7 +405,7 @@ class OnlineDispatchMode(TorchDispatchMode):
         idx = self._counters.get(info.api, 0) + 1
         self._counters[info.api] = idx
         job.prefix = f"{info.api}_{idx}"
-        job.cmp = cmp = verdict.OpComparison(job.prefix)
+        job.cmp = cmp = verdict.OpComparison(job.prefix, chained=info.chained)
         ref = job.ref
         verdict.collect_inputs(cmp, job.args, job.kwargs,
                                ref.pristine_args if ref.pristine_args is not None else ref.args,

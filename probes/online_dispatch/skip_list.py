@@ -71,6 +71,15 @@ ATTENTION_BY_CALL = frozenset({
     "_scaled_dot_product_attention_math",
 })
 
+
+
+def chains_roundings(func: Any) -> bool:
+    """A fused attention backward: it rounds P, dP and dS to the dtype on the way, so it is judged
+    by the wider limit of chained roundings (probes.core.thresholds.dispatch_scaled_threshold)."""
+    name = func._opname
+    return func.namespace == "aten" and name in ATTENTION_BY_CALL and name.endswith("_backward")
+
+
 _COLLECTIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional", "_dtensor", "_c10d_functional_autograd"})
 _SEEDED = getattr(torch.Tag, "nondeterministic_seeded", None)
 

@@ -63,6 +63,7 @@ class OpComparison:
     inputs: list[InputLeaf] = field(default_factory=list)
     pairs: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     stat_tensors: list[torch.Tensor] = field(default_factory=list)
+    chained: bool = False  # a fused backward that rounds intermediates: the wider limit (thresholds)
 
 
 def _dtype_name(x: Any) -> str:
@@ -284,7 +285,8 @@ def rows(cmp: OpComparison, out_figs: list[list[float]], all_details: bool = Fal
     for leaf in cmp.outputs:
         if leaf.special is None:
             f = out_figs[leaf.index]
-            judged.append((leaf, dm.judge(f, max(1, _numel(leaf.shape)), leaf.dtype_name, 0.0, rule, leaf.tensor)))
+            judged.append((leaf, dm.judge(f, max(1, _numel(leaf.shape)), leaf.dtype_name, 0.0, rule, leaf.tensor,
+                                           cmp.chained)))
     suspects = [(leaf, v) for leaf, v in judged if v.failed or all_details]
     in_stats: list[list[float]] | None = None
     evidence: dict[int, list[float]] = {}
@@ -312,7 +314,7 @@ def rows(cmp: OpComparison, out_figs: list[list[float]], all_details: bool = Fal
             scale = max(in_scale, dm.finite_abs_max(ev[0], ev[1]),
                         dm.finite_abs_max(ev[dm.STAT_COUNT], ev[dm.STAT_COUNT + 1]))
             floor = dm.noise_floor(leaf.dtype_name, scale, biggest / numel)
-            verdict = dm.judge(out_figs[leaf.index], numel, leaf.dtype_name, floor, rule, leaf.tensor)
+            verdict = dm.judge(out_figs[leaf.index], numel, leaf.dtype_name, floor, rule, leaf.tensor, cmp.chained)
         row = output_row(leaf.name, leaf.dev_dtype, leaf.ref_dtype, str(leaf.shape), verdict)
         if ev is not None:
             _fill_row(row, leaf, ev, verdict.floor)

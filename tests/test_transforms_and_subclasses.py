@@ -548,3 +548,33 @@ def test_grad_probe_records_gradients_computed_with_torch_func(tmp_path):
     assert [f.name for f in files] == [f"grad_summary_{i}.csv" for i in range(3)]
     rows = list(csv.reader(files[0].open()))
     assert len(rows) == 1 + 4  # header and the four parameters
+
+
+def test_every_counted_call_is_judged_or_has_a_reason(tmp_path):
+    """Backward stage: a call whose outputs never reach a backward pass is counted under its
+    reason when the step ends; preheat's census step is counted under its own."""
+    x = torch.randn(8, 16, requires_grad=True)
+    dbg = PrecisionDebugger(config=_config(tmp_path / "bw", free_benchmark={"fuzz_stage": "backward",
+                                                                             "list": ["tanh"]}))
+    dbg.start()
+    torch.tanh(x).sum().backward()
+    torch.tanh(x * 2)  # no backward
+    dbg.stop()
+    dbg.step()
+    s = dbg.probe.summary()
+    stats = s["apis"]["Torch.tanh"]
+    skipped = sum(n.get("Torch.tanh", 0) for n in s["not_checked"].values())
+    assert stats["calls"] == 2 and stats["checked"] == 1 and skipped == 1
+    assert any("no backward pass" in r for r in s["not_checked"])
+
+    dbg = PrecisionDebugger(config=_config(tmp_path / "ph", "add_noise", free_benchmark={
+        "if_preheat": True, "preheat_step": 2, "max_sample": 2, "rule": "reference"}))
+    for _ in range(2):
+        dbg.start()
+        torch.tanh(x)
+        dbg.stop()
+        dbg.step()
+    s = dbg.probe.summary()
+    stats = s["apis"]["Torch.tanh"]
+    skipped = sum(n.get("Torch.tanh", 0) for n in s["not_checked"].values())
+    assert stats["calls"] == stats["checked"] + skipped == 2

@@ -26,6 +26,7 @@ hooks removed. The only record of waiting calls is a weak set.
 from __future__ import annotations
 
 import weakref
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -43,6 +44,7 @@ NO_GRAD_OUTPUT = "no floating-point output carries a gradient"
 RETURNS_INPUT = "returns one of its inputs: its gradient is not this call's own"
 MODIFIED = "an input was modified in place before the backward pass: its gradient cannot be recomputed"
 LATE = "its backward ran after the step of the forward call had ended"
+NO_BACKWARD = "no backward pass reached its outputs before the step ended"
 
 
 def _get(args: tuple, kwargs: dict, where: str, path: tuple) -> Any:
@@ -85,6 +87,10 @@ class BackwardCheck:
         self.backend = probe.backend
         self.autodiff = probe.backend.autodiff
         self.waiting: weakref.WeakSet[_Call] = weakref.WeakSet()
+        # calls of the step whose hooks were attached, and whose backward ran: the difference is
+        # counted under NO_BACKWARD at the step's end (a call whose graph was freed unused too)
+        self.attached: Counter[str] = Counter()
+        self.fired: Counter[str] = Counter()
 
     # forward side ------------------------------------------------------------------------------
     def on_call(self, meta: Any, name: str, stats: Any, original: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
@@ -154,12 +160,18 @@ class BackwardCheck:
         # through a weak reference, so no cycle keeps the inputs alive once the graph is gone
         call.hooks = weakref.ref(ad.on_backward(outs, _Fire(call)))
         self.waiting.add(call)
+        self.attached[call.key] += 1
 
     def end_step(self) -> None:
         """Release every call of the ending step whose backward has not run (its hooks too)."""
         for call in list(self.waiting):
             call.release(unhook=True)
         self.waiting.clear()
+        for key, n in self.attached.items():
+            if n > self.fired[key]:
+                self.probe._skip(key, NO_BACKWARD, n - self.fired[key])
+        self.attached.clear()
+        self.fired.clear()
 
     # backward side -----------------------------------------------------------------------------
     def _check(self, call: _Call, cotangents: list[Any]) -> None:
@@ -281,6 +293,7 @@ class _Fire:
         check = call.check
         driver = check.__self__
         driver.waiting.discard(call)
+        driver.fired[call.key] += 1
         try:
             with suspended():  # the check's own tensor operations are not API calls of the model
                 check(call, cotangents)

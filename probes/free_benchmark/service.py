@@ -46,6 +46,7 @@ log = logging.getLogger("probes.free_benchmark")
 _CALL_INDEX = re.compile(r"\.\d+$")
 
 CSV_NAME = "free_benchmark.csv"
+PREHEAT_CENSUS = "preheat's first step: the call is counted to plan the samples, not judged"
 # the modes whose re-run changes the dtype or the device: a compiled graph re-runs its eager program
 REFERENCE_MODES = ("improve_precision", "to_cpu")
 # Rows kept in memory for summary.json and the plugin; the CSV always gets every row, so a long
@@ -287,7 +288,7 @@ class FreeBenchmarkProbe:
         if self.preheat is not None:
             phase, sampled = self.preheat.on_call(key, self.current_step)
             if phase == CENSUS:  # the call census: counted, not compared (see preheat.py)
-                self._dirty = True
+                self._skip(key, PREHEAT_CENSUS)
                 return original(*args, **kwargs)
             sampled = sampled and not transformed  # the CPU sample re-runs outside the transform's values
         snapshot = self.backend.rng_snapshot(args)
@@ -542,8 +543,8 @@ class FreeBenchmarkProbe:
         else:
             self._error(key, name, exc)
 
-    def _skip(self, key: str, reason: str) -> None:
-        self.skipped[(key, reason)] += 1
+    def _skip(self, key: str, reason: str, count: int = 1) -> None:
+        self.skipped[(key, reason)] += count
         self._dirty = True
         if (key, reason) not in self._logged:
             self._logged.add((key, reason))

@@ -578,3 +578,21 @@ def test_every_counted_call_is_judged_or_has_a_reason(tmp_path):
     stats = s["apis"]["Torch.tanh"]
     skipped = sum(n.get("Torch.tanh", 0) for n in s["not_checked"].values())
     assert stats["calls"] == stats["checked"] + skipped == 2
+
+
+def test_a_function_scripted_under_the_probe_compiles_and_runs(tmp_path):
+    """TorchScript maps builtins by identity; the wrappers are registered as the same ops, so
+    torch.jit.script (the user's, or forward-mode AD's first jacfwd) compiles as without them."""
+    def f(a: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(a) * torch.exp(a)
+
+    x = torch.randn(8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        out, summary = _probed(tmp_path, lambda: torch.jit.script(f)(x))
+    assert torch.equal(out, f(x))
+    assert summary["errors"] == []
+    from torch.jit import _builtins
+
+    assert all(id(m.wrapper) not in _builtins._get_builtin_table() for m in PrecisionDebugger(
+        config=_config(tmp_path / "after"))._tool.patcher.metas if m.wrapper is not None)

@@ -186,6 +186,7 @@ class TorchApiPatcher(ApiPatcher):
 
     def install(self, handler: Any) -> None:
         super().install(handler)
+        self._script_transparent()
         if self._window is None:
             return
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
@@ -194,7 +195,29 @@ class TorchApiPatcher(ApiPatcher):
         self._hooks = (register_optimizer_step_pre_hook(lambda *_: window.optimizer_step(True)),
                        register_optimizer_step_post_hook(lambda *_: window.optimizer_step(False)))
 
+    def _script_transparent(self) -> None:
+        """TorchScript maps torch's builtin functions to their aten ops by identity: a function
+        scripted while the wrappers are installed (by the user, or torch itself: forward-mode AD's
+        decompositions are scripted on first use) finds the wrapper instead and fails to compile
+        it. Each wrapper of a builtin is registered as that same op while it is installed."""
+        from torch.jit import _builtins
+
+        table = _builtins._get_builtin_table()
+        self._scripted = []
+        for meta in self.metas:
+            op = table.get(id(meta.original))
+            if op is not None and meta.wrapper is not None and id(meta.wrapper) not in table:
+                table[id(meta.wrapper)] = op
+                self._scripted.append(id(meta.wrapper))
+
     def uninstall(self) -> None:
+        if getattr(self, "_scripted", None):
+            from torch.jit import _builtins
+
+            table = _builtins._get_builtin_table()
+            for key in self._scripted:
+                table.pop(key, None)
+            self._scripted = []
         for hook in self._hooks:
             hook.remove()
         self._hooks = ()

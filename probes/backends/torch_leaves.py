@@ -137,15 +137,25 @@ SPARSE_BACKWARD = ("a sparse input: the backward stage's vector-Jacobian product
 
 def backward_reason(args: tuple, kwargs: dict) -> str | None:
     """Why the backward stage cannot recompute this call's gradients, or None."""
-    for x in (*args, *kwargs.values()):
-        if isinstance(x, torch.Tensor) and x.layout not in (torch.strided, torch.jagged):
-            return SPARSE_BACKWARD
+    try:
+        for x in (*args, *kwargs.values()):
+            if isinstance(x, torch.Tensor) and x.layout not in (torch.strided, torch.jagged):
+                return SPARSE_BACKWARD
+    except Exception as exc:
+        return INSPECT_FAILED.format(what=type(exc).__name__)
     return None
 
 
+INSPECT_FAILED = "its inputs could not be inspected ({what}); the call ran unchanged"
+
+
 def call_reason(args: tuple, kwargs: dict) -> str | None:
-    """Why this call is not re-run, from the state it runs in and its inputs; None: it is."""
-    return state_reason() or _args_reason(args, kwargs)
+    """Why this call is not re-run, from the state it runs in and its inputs; None: it is.
+    Never raises: an input the checks cannot inspect is itself the reason."""
+    try:
+        return state_reason() or _args_reason(args, kwargs)
+    except Exception as exc:
+        return INSPECT_FAILED.format(what=type(exc).__name__)
 
 
 # measuring ---------------------------------------------------------------------------------------

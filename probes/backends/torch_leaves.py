@@ -24,7 +24,7 @@ torch operators read on the host later, so each of these needs a decision:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -50,16 +50,17 @@ def in_transform() -> bool:
     return _functorch.peek_interpreter_stack() is not None
 
 
-@contextlib.contextmanager
-def outside_transforms() -> Iterator[None]:
-    """Run the enclosed operators as if no transform were active (the levels come back after)."""
+_NO_TRANSFORM = contextlib.nullcontext()
+
+
+def outside_transforms() -> contextlib.AbstractContextManager[Any]:
+    """Run the enclosed operators as if no transform were active (the levels come back after);
+    outside a transform, a shared no-op (this is on every checked call's path)."""
     if _functorch.peek_interpreter_stack() is None:
-        yield
-        return
+        return _NO_TRANSFORM
     from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
 
-    with temporarily_clear_interpreter_stack():
-        yield
+    return temporarily_clear_interpreter_stack()
 
 
 def _mode_name(mode: Any) -> str:

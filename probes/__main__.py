@@ -10,10 +10,12 @@ Subcommands:
   only, shape/dtype mismatch), 2 on usage errors.
 * ``summary DIR [--csv OUT]``: what a dump directory holds. For a pytest session's folder, first
   the latest session as its report shows it (from its summary.json: tests by outcome, the tests
-  the probe flagged, the flagged per-API checks, the catalogue's failing rows); then the tables of
-  :func:`probes.results.load` (the DataFrames a notebook gets): per table its rows, tests, ranks
+  the probe flagged, its per-API / per-op / per-parameter table, the probe's own account of errors
+  and unchecked calls, the flagged per-API checks, the catalogue's failing rows); then the tables
+  of :func:`probes.results.load` (the DataFrames a notebook gets): per table its rows, tests, ranks
   and steps, and the findings of the latest session's tests (inconsistent APIs, failing ops, lowest
-  gradient similarities, worst catalogue APIs). ``--csv`` writes every non-empty table to
+  gradient similarities, worst catalogue APIs), with the rows of earlier sessions, of per-API
+  searches and of the catalogue's measurements counted apart. ``--csv`` writes every non-empty table to
   OUT/<table>.csv. Exit status 0, 2 on usage errors.
 """
 
@@ -24,6 +26,8 @@ import sys
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+
+from probes.results import EARLIER, SESSION_TABLES
 
 EXIT_OK = 0
 EXIT_FLAGGED = 1
@@ -110,7 +114,7 @@ def _grad_compare(args: argparse.Namespace) -> int:
 
 def _summary(args: argparse.Namespace) -> int:
     from probes.core.errors import ConfigError
-    from probes.results import load
+    from probes.results import latest_session, load, session_tests
 
     try:
         res = load(args.dir)
@@ -119,14 +123,14 @@ def _summary(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     out = sys.stdout
     print(f"{res.root}", file=out)
-    session = _latest_session(res.summaries)
+    session = latest_session(res.summaries)
     scope = None
     if session is not None:
         for line in _session_lines(*session):
             print(f"  {line}", file=out)
-        scope = _session_scope(session[1])
+        scope = session_tests(session[1])
     for name, frame in res.tables().items():
-        if not len(frame):
+        if not len(frame) or name in SESSION_TABLES:  # the session's own tables are in its lines above
             continue
         facets = [f"{len(frame)} rows"]
         for column in ("test", "rank", "step"):
@@ -135,14 +139,14 @@ def _summary(args: argparse.Namespace) -> int:
                 values = values[values != ""] if column == "test" else values
                 if len(values):
                     facets.append(f"{values.nunique()} {column}{'s' if values.nunique() != 1 else ''}")
+        judged, apart = _in_scope(frame, scope)
+        if apart and not len(judged):
+            facets.append("none of them findings of the latest session")
         print(f"  {name}: {', '.join(facets)}", file=out)
-        judged = _in_scope(frame, scope)
         for line in _findings(name, judged):
             print(f"    {line}", file=out)
-        if len(judged) < len(frame):
-            searches = int(frame["test"].isin(scope[1]).sum())
-            print(f"    not findings of this session: {searches} rows of the per-API checks' Hypothesis searches "
-                  f"(their verdicts are above), {len(frame) - len(judged) - searches} of tests of earlier sessions",
+        if apart:
+            print("    not findings of the latest session: " + ", ".join(f"{n} rows {what}" for what, n in apart),
                   file=out)
     if not any(len(f) for f in res.tables().values()):
         print("  no probe results found (free_benchmark.csv, grad_summary_*.csv, compare_result_rank*.csv, "
@@ -157,31 +161,36 @@ def _summary(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _latest_session(summaries: dict) -> tuple[str, dict] | None:
-    """The pytest session's summary.json (the newest, when per-rank sessions wrote several)."""
-    sessions = [(path, data) for path, data in summaries.items()
-                if Path(path).name == "summary.json" and isinstance(data, dict) and "session" in data]
-    return max(sessions, key=lambda pd: str(pd[1].get("date", ""))) if sessions else None
-
-
-def _session_scope(data: dict) -> tuple[set[str], set[str]]:
-    """(the session's tests run under the probe, its per-API checks): rows of other tests are from
-    earlier sessions, and a per-API check's rows are its search's inner examples, not findings."""
-    tests = data.get("tests")
-    probed = set(tests) if isinstance(tests, dict) else set()
-    api = {str(r.get("test")) for r in data.get("api_checks") or [] if isinstance(r, dict)}
-    return probed, api
-
-
-def _in_scope(frame, scope: tuple[set[str], set[str]] | None):  # noqa: ANN001, ANN202 - pandas DataFrames
-    if scope is None or "test" not in frame.columns:
-        return frame
-    probed, _api = scope
-    return frame[frame["test"].isin(probed) | (frame["test"] == "")]
+def _in_scope(frame, scope: dict[str, set[str]] | None):  # noqa: ANN001, ANN202 - pandas DataFrames
+    """The rows that are findings of the latest session, and what the others are: a per-API
+    check's rows are its search's examples (its verdict is the check's), the catalogue's are its
+    measurements (its statuses are the catalogue's), and the rest are of earlier sessions."""
+    if scope is None or "session" not in frame.columns:
+        return frame, []
+    earlier = frame["session"] == EARLIER
+    none = earlier & False
+    searches = frame["test"].isin(scope["api_checks"]) & ~earlier if "test" in frame.columns else none
+    catalogue = frame["test"].isin(scope["catalogue"]) & ~earlier if "test" in frame.columns else none
+    apart = [(what, int(mask.sum())) for what, mask in (
+        ("of the per-API checks' Hypothesis searches (their verdicts are above)", searches),
+        ("of the catalogue's measurements (its statuses are above)", catalogue),
+        ("of earlier sessions (their tests did not run in the latest one)", earlier)) if mask.any()]
+    return frame[~(earlier | searches | catalogue)], apart
 
 
 def _session_lines(path: str, data: dict) -> list[str]:
-    """The latest session as its report.html shows it: the same counts, the same flagged checks."""
+    """The latest session as its report.html shows it: the same counts, the same tables, the same
+    flagged checks, the probe's own account."""
+    from pytest_msprobe.reports.tables import (
+        CHECKED_LABELS,
+        ApiRow,
+        OpRow,
+        ParamRow,
+        ProbeAccount,
+        read_table,
+    )
+    from pytest_msprobe.reports.text import account_lines, risky_table_lines
+
     counts = data.get("session") or {}
     by_outcome = ", ".join(f"{counts[k]} {k}" for k in ("passed", "failed", "skipped", "error") if counts.get(k))
     lines = [f"session {data.get('date', '')} ({path}): {counts.get('tests', 0)} tests"
@@ -196,6 +205,20 @@ def _session_lines(path: str, data: dict) -> list[str]:
         lines.append(f"{tool}: {len(tests)} tests under the probe, {len(hit)} with {label}")
         for test, names in list(hit.items())[:MAX_LINES // 2]:
             lines.append(f"  {test}: {', '.join(map(str, names[:5]))}" + (" ..." if len(names) > 5 else ""))
+        if tool == "free_benchmark":
+            lines += [f"  {line}" for line in risky_table_lines(read_table(ApiRow, data.get("apis")))]
+        elif tool == "online_dispatch":
+            ops = read_table(OpRow, data.get("ops"))
+            failing = sorted((op for op, r in ops.items() if r.failed), key=lambda op: -ops[op].failed)
+            lines.append(f"  {len(ops)} ops compared, {len(failing)} failing"
+                         + (": " + ", ".join(f"{op} ({ops[op].failed} calls)" for op in failing[:5]) if failing else ""))
+        else:
+            params = read_table(ParamRow, data.get("params"))
+            lines.append(f"  {len(params)} parameter(s) with non-finite gradients"
+                         + (": " + ", ".join(list(params)[:5]) if params else ""))
+        if "probe" in data:
+            account = ProbeAccount.from_dict("probe", data["probe"])
+            lines += [f"  {line}" for line in account_lines(account, CHECKED_LABELS[tool])]
     checks = [r for r in data.get("api_checks") or [] if isinstance(r, dict)]
     if checks:
         flagged = [r for r in checks if r.get("flagged")]

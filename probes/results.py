@@ -11,12 +11,16 @@ one row per observation, with the step / rank / test a row came from as columns:
     res.online_dispatch       # every compare_result_rank*.csv: test, rank, run, api, call, the CSV's columns
                               # (as written) and Cosine_value / MaxAbsErr_value / MaxRelativeErr_value
     res.catalogue             # the API precision catalogue's catalogue.csv
+    res.apis, res.ops, res.params   # the latest pytest session's per-API / per-op / per-parameter
+                              # tables (summary.json), or a training dump's tools' summaries merged
     res.summaries             # the summary JSON files, by path relative to the root
 
 ``api`` names the API or op (``Functional.gelu``, ``addmm``) and ``call`` which call
 of it a row is (``Functional.gelu.48.forward`` is call 48), so ``res.free_benchmark.groupby("api")``
 gives one group per API. The ``test`` column is the pytest node id of the test whose folder a file is in (the plugin keeps
-one folder per test under ``tests/``), empty outside a pytest session. A table a dump does not
+one folder per test under ``tests/``), empty outside a pytest session; the ``session`` column says
+whether a file is the latest session's or an earlier one's (a test the latest session did not run
+keeps its folder; one that ran starts with an empty folder). A table a dump does not
 hold is an empty DataFrame with its columns, so code written for one dump runs on another.
 Numbers come back as floats (CSV cells such as "nan", "inf" or verdict words like
 "nan_mismatch" in free_benchmark's max_rel stay readable: non-numeric cells become NaN in the
@@ -32,7 +36,7 @@ import hashlib
 import json
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +118,13 @@ def _float(cell: Any) -> float:
 
 
 # the tables ---------------------------------------------------------------------------------------
+#: the "session" column: a row of the latest pytest session's tests, of an earlier session's (a test
+#: the latest session did not run left its folder), or of no session (a training script's dump)
+LATEST, EARLIER = "latest", "earlier"
+#: the latest session's per-API / per-op / per-parameter tables (summary.json), by their key column
+SESSION_TABLES = {"apis": "api", "ops": "op", "params": "param"}
+
+
 @dataclass
 class Results:
     """The DataFrames of one dump root (module docstring)."""
@@ -124,12 +135,15 @@ class Results:
     grad_similarities: Any
     online_dispatch: Any
     catalogue: Any
+    apis: Any  # the latest session's per-API table: api, calls, checked, flagged, worst_score, ...
+    ops: Any  # its per-op table: op, compared, failed, worst_cosine, ...
+    params: Any  # its non-finite parameters: param, nonfinite_steps, first, tests
     summaries: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def tables(self) -> dict[str, Any]:
         return {"free_benchmark": self.free_benchmark, "grad_stats": self.grad_stats,
                 "grad_similarities": self.grad_similarities, "online_dispatch": self.online_dispatch,
-                "catalogue": self.catalogue}
+                "catalogue": self.catalogue, "apis": self.apis, "ops": self.ops, "params": self.params}
 
     def __repr__(self) -> str:
         """A table of contents: each table's size and columns (print a table itself to see it)."""
@@ -142,29 +156,68 @@ class Results:
         return "\n".join(lines)
 
 
-class _Tests:
-    """Maps a file to the pytest test whose folder holds it (via the session's summary.json)."""
+def latest_session(summaries: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """The latest pytest session's summary.json among `summaries` (by path): the newest, when
+    per-rank sessions (torchrun) wrote several."""
+    sessions = [(path, data) for path, data in summaries.items()
+                if Path(path).name == "summary.json" and isinstance(data, dict) and "session" in data]
+    return max(sessions, key=lambda pd: str(pd[1].get("date", ""))) if sessions else None
 
-    def __init__(self, root: Path) -> None:
+
+def session_tests(data: dict[str, Any]) -> dict[str, set[str]]:
+    """The latest session's tests by what they did: "folders" (every test whose folder holds this
+    session's files: the plugin empties a test's folder when the test starts), "probed" (run
+    under the session's probe), "api_checks" (per-API checks: their folders hold a search's
+    examples) and "catalogue" (the catalogue's measurements)."""
+    tests = data.get("tests")
+    probed = {str(t) for t in tests} if isinstance(tests, dict) else set()
+    api = {str(r.get("test")) for r in data.get("api_checks") or [] if isinstance(r, dict) and r.get("test")}
+    catalogue = {str(r.get("test")) for r in data.get("catalogue") or [] if isinstance(r, dict) and r.get("test")}
+    folders = data.get("test_folders")
+    return {"folders": set(map(str, folders)) if isinstance(folders, list) else probed | api | catalogue,
+            "probed": probed, "api_checks": api, "catalogue": catalogue}
+
+
+class _Tests:
+    """Maps a file to the pytest test whose folder holds it, and to the session it is from (via
+    the latest session's summary.json)."""
+
+    def __init__(self, root: Path, summaries: dict[str, Any]) -> None:
         self.root = root
         self.names: dict[str, str] = {}
-        for summary in [root / "summary.json", root / "api_checks.json"]:
-            try:
-                data = json.loads(summary.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                continue
+        self.latest = latest_session(summaries)
+        for data in [summaries.get("api_checks.json")] + ([self.latest[1]] if self.latest else []):
             if not isinstance(data, dict):
                 continue
             tests = data.get("tests")  # summary.json: a dict by node id; api_checks.json: a list of checks
             ids = list(tests) if isinstance(tests, dict) else [t.get("test") for t in tests or [] if isinstance(t, dict)]
-            ids += [t.get("test") for t in data.get("api_checks") or [] if isinstance(t, dict)]
+            ids += [t.get("test") for key in ("api_checks", "catalogue") for t in data.get(key) or []
+                    if isinstance(t, dict)]
+            ids += data.get("test_folders") or []
             self.names.update({folder_of_test(str(n)): str(n) for n in ids if n})
+        self.folders = ({folder_of_test(n) for n in session_tests(self.latest[1])["folders"]}
+                        if self.latest else set())
 
-    def of(self, path: Path) -> str:
+    def _folder(self, path: Path) -> str | None:
         parts = path.relative_to(self.root).parts
         for i, part in enumerate(parts[:-1]):
             if part == "tests" and i + 1 < len(parts) - 1:
-                return self.names.get(parts[i + 1], parts[i + 1])
+                return parts[i + 1]
+        return None
+
+    def of(self, path: Path) -> str:
+        folder = self._folder(path)
+        return "" if folder is None else self.names.get(folder, folder)
+
+    def session(self, path: Path) -> str:
+        """LATEST, EARLIER, or "" for a file no pytest session wrote."""
+        if self.latest is None:
+            return ""
+        folder = self._folder(path)
+        if folder is not None:
+            return LATEST if folder in self.folders else EARLIER
+        if path.name == CATALOGUE_CSV:  # the catalogue's own file, of the session that ran it
+            return LATEST if self.latest[1].get("catalogue") else EARLIER
         return ""
 
 
@@ -178,44 +231,88 @@ def load(path: str | os.PathLike[str]) -> Results:
 
         raise ConfigError("path", str(path), "a directory holding probe results (a dump_path, or .msprobe/ of a "
                           "pytest session)")
-    tests = _Tests(root)
-    fb, grad, sims, od, cat, summaries = [], [], [], [], [], {}
-    for p in sorted(root.rglob("*")):
-        if not p.is_file():
-            continue
+    files = [p for p in sorted(root.rglob("*")) if p.is_file()]
+    summaries = {}
+    for p in files:
         name = p.name
-        parts = p.relative_to(root).parts
-        if name == FREE_BENCHMARK_CSV:
-            fb.append(_free_benchmark_frame(pd, p, tests.of(p)))
-        elif grad_step := SUMMARY_CSV_RE.match(name):
-            grad.append(_grad_frame(pd, p, tests.of(p), _rank_from_parts(parts[:-1]), int(grad_step.group(1))))
-        elif name == SIMILARITIES_CSV:
-            sims.append(_similarity_frame(pd, p, tests.of(p), _rank_from_parts(parts[:-1])))
-        elif od_rank := _OD_CSV.match(name):
-            od.append(_online_dispatch_frame(pd, p, tests.of(p), int(od_rank.group(1))))
-        elif name == CATALOGUE_CSV:
-            frame = pd.read_csv(p, keep_default_na=False)
-            if "max_ulp" in frame.columns:
-                for column in ("max_ulp", "p99_ulp", "ratio", "golden_max_ulp", "golden_p99_ulp"):
-                    if column in frame.columns:  # "ratio": catalogues written since goldens know their hardware
-                        frame[column] = frame[column].map(_float)
-                cat.append(frame)
-        elif name.endswith(".json") and (name.startswith("summary") or name == "api_checks.json"):
+        if name.endswith(".json") and (name.startswith("summary") or name == "api_checks.json"):
             try:
                 summaries[p.relative_to(root).as_posix()] = json.loads(p.read_text(encoding="utf-8"))
             except (OSError, ValueError):
                 continue
+    tests = _Tests(root, summaries)
+    fb, grad, sims, od, cat = [], [], [], [], []
+    for p in files:
+        name = p.name
+        parts = p.relative_to(root).parts
+        if name == FREE_BENCHMARK_CSV:
+            frame = _free_benchmark_frame(pd, p, tests.of(p))
+            fb.append(frame)
+        elif grad_step := SUMMARY_CSV_RE.match(name):
+            frame = _grad_frame(pd, p, tests.of(p), _rank_from_parts(parts[:-1]), int(grad_step.group(1)))
+            grad.append(frame)
+        elif name == SIMILARITIES_CSV:
+            frame = _similarity_frame(pd, p, tests.of(p), _rank_from_parts(parts[:-1]))
+            sims.append(frame)
+        elif od_rank := _OD_CSV.match(name):
+            frame = _online_dispatch_frame(pd, p, tests.of(p), int(od_rank.group(1)))
+            od.append(frame)
+        elif name == CATALOGUE_CSV:
+            frame = pd.read_csv(p, keep_default_na=False)
+            if "max_ulp" not in frame.columns:
+                continue
+            for column in ("max_ulp", "p99_ulp", "ratio", "golden_max_ulp", "golden_p99_ulp"):
+                if column in frame.columns:  # "ratio": catalogues written since goldens know their hardware
+                    frame[column] = frame[column].map(_float)
+            cat.append(frame)
+        else:
+            continue
+        frame["session"] = tests.session(p)
     from probes.core.records import FREE_BENCHMARK_COLUMNS
 
     return Results(
         root=root,
-        free_benchmark=_concat(pd, fb, ["test", "api", "call", *FREE_BENCHMARK_COLUMNS, "max_rel_text"]),
-        grad_stats=_concat(pd, grad, GRAD_STATS_COLUMNS),
-        grad_similarities=_concat(pd, sims, SIMILARITY_COLUMNS),
-        online_dispatch=_concat(pd, od, ["test", "rank", "run", "api", "call"]),
-        catalogue=_concat(pd, cat, CATALOGUE_COLUMNS),
+        free_benchmark=_concat(pd, fb, ["test", "api", "call", *FREE_BENCHMARK_COLUMNS, "max_rel_text", "session"]),
+        grad_stats=_concat(pd, grad, [*GRAD_STATS_COLUMNS, "session"]),
+        grad_similarities=_concat(pd, sims, [*SIMILARITY_COLUMNS, "session"]),
+        online_dispatch=_concat(pd, od, ["test", "rank", "run", "api", "call", "session"]),
+        catalogue=_concat(pd, cat, [*CATALOGUE_COLUMNS, "session"]),
+        **_session_frames(pd, root, tests.latest),
         summaries=summaries,
     )
+
+
+def _session_frames(pd: Any, root: Path, latest: tuple[str, dict[str, Any]] | None) -> dict[str, Any]:
+    """The per-API / per-op / per-parameter tables: the latest session's (summary.json), else the
+    tools' own summaries of a training script's dump (one row per API or op over its ranks)."""
+    from pytest_msprobe.reports.tables import (
+        ApiRow,
+        OpRow,
+        ParamRow,
+        api_table,
+        op_rows,
+        op_table,
+        read_table,
+        write_table,
+    )
+
+    kinds = {"apis": ApiRow, "ops": OpRow, "params": ParamRow}
+    if latest is not None:
+        tables = {key: read_table(cls, latest[1].get(key)) for key, cls in kinds.items()}
+    else:
+        found = rank_summary_files(root)
+        loaded = {tool: [(f"rank{rank}", json.loads(p.read_text(encoding="utf-8")))
+                         for rank, paths in sorted(ranks.items()) for p in paths] for tool, ranks in found.items()}
+        tables = {"apis": api_table((rank, s.get("apis", {})) for rank, s in loaded["free_benchmark"]),
+                  "ops": op_table((rank, write_table(op_rows(s))) for rank, s in loaded["online_dispatch"]),
+                  "params": {}}
+    frames = {}
+    for key, cls in kinds.items():
+        column = SESSION_TABLES[key]
+        names = [column] + [f.name for f in fields(cls)]
+        records = [{column: name, **row.to_dict()} for name, row in tables[key].items()]
+        frames[key] = pd.DataFrame.from_records(records, columns=names)
+    return frames
 
 
 def _concat(pd: Any, frames: list[Any], columns: list[str]) -> Any:

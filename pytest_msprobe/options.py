@@ -58,6 +58,8 @@ class MsprobeOptions:
         self.report: Path | None = None  # report.html of a session without --msprobe-task
         self.report_error: str | None = None
         self.outcomes: dict[str, str] = {}  # nodeid -> outcome of every test the session ran
+        # the tests whose folders hold this session's files (emptied when they started)
+        self.session_folders: list[str] = []
         if self.task is not None and self.task not in TASKS:
             raise pytest.UsageError(f"--msprobe-task={self.task!r} is not a task; allowed: {', '.join(TASKS)}")
         if self.fail_on not in FAIL_ON:

@@ -15,6 +15,7 @@ import datetime
 import inspect
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,7 @@ class MsprobeSession:
         self.root = Path(probe_config.dump_path)
         self.results: list[tuple[str, dict[str, Any]]] = []  # (nodeid, per-test result)
         self.outcomes: dict[str, str] = {}  # nodeid -> passed/failed/skipped (for the report)
+        self.unprobed: dict[str, int] = {}  # why a test ran without the session's probe -> tests
         self.report: Path | None = None
         self.report_error: str | None = None
 
@@ -105,8 +107,58 @@ class MsprobeSession:
 
         return replace(self.probe_config, dump_path=str(self.test_dump_path(item.nodeid)))
 
-    def table(self) -> dict[str, dict[str, Any]]:
+    def table(self) -> dict[str, Any]:
         return self.task.table(self.results)
+
+    def start(self, framework: str, config: Any) -> tuple[Any, BaseException | None]:
+        """The test's probe run, or the exception that kept it from starting (the test then runs
+        without it: a probe failure is the probe's, not the test's)."""
+        try:
+            return self.task.start(framework, config), None
+        except Exception as exc:
+            return None, exc
+
+    def finish(self, nodeid: str, framework: str, config: Any, run: Any, start_error: BaseException | None) -> dict:
+        """Stop the test's probe and keep its result; a probe that fails here (or failed to start)
+        leaves a result with that failure as its probe error, so the test is still in the
+        session's summary and report."""
+        task = self.task
+        if start_error is not None:
+            outcome = task.failed(framework, config, "start", start_error)
+        else:
+            stage = "stop"
+            try:
+                task.stop(run)
+                stage = "results"
+                outcome = task.read(run)
+            except Exception as exc:
+                outcome = task.failed(framework, config, stage, exc)
+        self.results.append((nodeid, outcome))
+        return outcome
+
+    def verdict(self, item: pytest.Item, outcome: dict[str, Any], judged_by_golden: bool) -> list[str]:
+        """The failures the probe adds to the test: its rule tripped (unless --msprobe-fail-on=never
+        or a golden judges the test), or, in strict mode only, the probe itself failed."""
+        task, failures = self.task, []
+        try:
+            item.user_properties.extend(task.properties(outcome))
+            message = task.failure(item.nodeid, outcome) if task.flagged(outcome) else None
+        except Exception as exc:  # reading a result is the plugin's work: never the test's failure
+            from pytest_msprobe.tasks import add_failure
+
+            add_failure(outcome, "verdict", exc)
+            message = None
+        if message and self.fail_on == "risk" and not judged_by_golden:
+            failures.append(message)
+        failure = outcome.get("probe_failure")
+        if failure is not None:
+            item.user_properties.append(("msprobe_probe_error", failure))
+            if self.probe_config.strict:
+                failures.append(
+                    f"msprobe {task.name}: the probe failed in {item.nodeid}: {failure}\n"
+                    "\"strict\": true in the config makes a probe failure fail its test; without it the failure is "
+                    "recorded as a probe error (summary.json, report.html) and the test keeps its own outcome.")
+        return failures
 
 
 def _runs_own_probes(item: pytest.Item) -> bool:
@@ -139,35 +191,79 @@ def _framework_of(item: pytest.Item) -> str | None:
     return None
 
 
+def _unprobed_reason(item: pytest.Item, framework: str | None) -> str | None:
+    """Why a test runs without the session's probe, or None when it runs under it."""
+    if item.get_closest_marker("msprobe_off"):
+        return "marked msprobe_off"
+    if _runs_own_probes(item):
+        return "ran their own probes (a probe fixture or @msprobe_api)"
+    if framework is None:
+        return "imported neither torch nor mindspore"
+    return None
+
+
+def _writes_own_folder(item: pytest.Item) -> bool:
+    """A test that writes probe results into its folder even without --msprobe-task."""
+    module = getattr(getattr(item, "module", None), "__name__", "")
+    return (_runs_own_probes(item) or "msprobe_compiled" in getattr(item, "fixturenames", ())
+            or module.startswith("pytest_msprobe.catalogue."))
+
+
+def _ranks_launched() -> bool:
+    """One pytest per rank (torchrun): the ranks share each test's folder."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1")) > 1
+    except ValueError:
+        return False
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test whose results this session records starts with an empty folder: files an earlier
+    session left there (another task's, a search's examples) are not this session's findings.
+    Folders of tests this session does not run stay, and probes.results marks them earlier."""
+    options: MsprobeOptions | None = item.config.stash.get(OPTIONS_KEY, None)
+    if options is None or (item.config.stash.get(_SESSION_KEY, None) is None and not _writes_own_folder(item)):
+        return
+    options.session_folders.append(item.nodeid)
+    if not _ranks_launched():  # under torchrun another rank may already be writing there
+        shutil.rmtree(test_dump_path(options.root, item.nodeid), ignore_errors=True)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Any:
     session: MsprobeSession | None = item.config.stash.get(_SESSION_KEY, None)
+    options: MsprobeOptions = item.config.stash[OPTIONS_KEY]
+    catalogued = len(options.catalogue_results)
+    try:
+        return (yield from _run_call(item, session, options))
+    finally:  # the catalogue's rows name their test, so a summary tells its searches' rows apart
+        for row in options.catalogue_results[catalogued:]:
+            row.setdefault("test", item.nodeid)
+
+
+def _run_call(item: pytest.Item, session: MsprobeSession | None, options: MsprobeOptions) -> Any:
     golden = item.get_closest_marker("msprobe_golden")
     framework = _framework_of(item)
-    whole_suite = (session is not None and framework is not None and not item.get_closest_marker("msprobe_off")
-                   and not _runs_own_probes(item))
+    unprobed = _unprobed_reason(item, framework) if session is not None else "no session probe"
+    if session is not None and unprobed is not None:
+        session.unprobed[unprobed] = session.unprobed.get(unprobed, 0) + 1
+    whole_suite = unprobed is None
     if not whole_suite and golden is None:
         return (yield)
-    handle = outcome = None
+    outcome = None
     if whole_suite:
-        handle = session.task.start(framework, session.test_config(item))
+        config = session.test_config(item)
+        run, start_error = session.start(framework, config)
     try:
         result = yield
     finally:
         if whole_suite:
-            outcome = session.task.finish(handle)
-            session.results.append((item.nodeid, outcome))
-    failures = []
-    if whole_suite:
-        task = session.task
-        item.user_properties.extend(task.properties(outcome))
-        message = task.failure(item.nodeid, outcome) if task.flagged(outcome) else None
-        if message and session.fail_on == "risk" and golden is None:  # a golden test is judged by its golden
-            failures.append(message)
+            outcome = session.finish(item.nodeid, framework, config, run, start_error)
+    failures = session.verdict(item, outcome, golden is not None) if whole_suite else []
     if golden is not None:
         from pytest_msprobe.golden.checks import check_marked_test
 
-        options: MsprobeOptions = item.config.stash[OPTIONS_KEY]
         suite = (session.task.name, outcome, session.test_dump_path(item.nodeid)) if whole_suite else None
         failures += check_marked_test(item, golden, options, suite, item.stash.get(_RUNS_KEY, []))
     if failures:
@@ -354,7 +450,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:  # an xdist worker: the controller writes the session files
         if state is not None:
-            workeroutput["msprobe"] = json.dumps(state.results)
+            workeroutput["msprobe"] = json.dumps({"results": state.results, "unprobed": state.unprobed})
+        if options is not None and options.session_folders:
+            workeroutput["msprobe_folders"] = json.dumps(options.session_folders)
         if options is not None and options.api_results:
             workeroutput["msprobe_api"] = json.dumps(options.api_results)
         if options is not None and options.catalogue_results:
@@ -379,8 +477,13 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
     state: MsprobeSession | None = node.config.stash.get(_SESSION_KEY, None)
     output = getattr(node, "workeroutput", None) or {}
     if state is not None and "msprobe" in output:
-        state.results.extend((nodeid, s) for nodeid, s in json.loads(output["msprobe"]))
+        sent = json.loads(output["msprobe"])
+        state.results.extend((nodeid, s) for nodeid, s in sent["results"])
+        for reason, n in sent["unprobed"].items():
+            state.unprobed[reason] = state.unprobed.get(reason, 0) + n
     options: MsprobeOptions | None = node.config.stash.get(OPTIONS_KEY, None)
+    if options is not None and "msprobe_folders" in output:
+        options.session_folders.extend(json.loads(output["msprobe_folders"]))
     if options is not None and "msprobe_api" in output:
         options.api_results.extend(json.loads(output["msprobe_api"]))
     if options is not None and "msprobe_catalogue" in output:
@@ -400,32 +503,34 @@ def session_files_dir(root: Path) -> Path:
 
 
 def _write_session_files(state: MsprobeSession) -> None:
+    """summary.json and report.html of a session under --msprobe-task, also when no test ran
+    under the probe (so neither file is left over from an earlier session)."""
     from probes.core.writers import write_json_atomic
+    from pytest_msprobe.reports.tables import ProbeAccount, write_table
 
-    if not state.results:
-        return
-    table = state.table()
-    tests = {}
-    for nodeid, r in state.results:
-        tests[nodeid] = dict(state.task.test_entry(r), outcome=state.outcomes.get(nodeid, "unknown"))
+    task = state.task
+    tests = {nodeid: dict(task.entry(r), outcome=state.outcomes.get(nodeid, "unknown")) for nodeid, r in state.results}
+    options: MsprobeOptions = state.config.stash[OPTIONS_KEY]
     summary = {
-        "tool": state.task.name,
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        "tool": task.name,
+        "date": _now(),
         "versions": _versions(),
-        "device": state.config.stash[OPTIONS_KEY].device,
+        "device": options.device,
         "config": state.probe_config.to_dict(),
         "tests": tests,
-        {"free_benchmark": "apis", "grad_probe": "params", "online_dispatch": "ops"}[state.task.name]: table,
+        task.table_key: write_table(state.table()),
+        "probe": ProbeAccount.of(tests).to_dict(),
+        "unprobed": dict(state.unprobed),
     }
     similarities = {k: v for _, r in state.results for k, v in r.get("similarities", {}).items()}
     if similarities:
         summary["similarities"] = similarities
-    options: MsprobeOptions = state.config.stash[OPTIONS_KEY]
     if options.api_results:
         summary["api_checks"] = options.api_results
     if options.catalogue_results:
         summary["catalogue"] = options.catalogue_results
     summary["session"] = session_outcomes(options.outcomes)
+    summary["test_folders"] = sorted(set(options.session_folders))
     where = session_files_dir(state.root)
     write_json_atomic(where / "summary.json", summary)
     try:
@@ -436,14 +541,18 @@ def _write_session_files(state: MsprobeSession) -> None:
         state.report_error = f"{type(exc).__name__}: {exc}"
 
 
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 def _write_plugin_report(options: MsprobeOptions) -> None:
     """summary.json and report.html of a session without --msprobe-task that ran the catalogue or
     per-API checks (so neither file is left over from an earlier session next to the other)."""
     from probes.core.writers import write_json_atomic
 
-    session = {"tool": "catalogue", "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
-               "versions": _versions(), "device": options.device, "catalogue": options.catalogue_results,
-               "api_checks": options.api_results, "session": session_outcomes(options.outcomes)}
+    session = {"tool": "catalogue", "date": _now(), "versions": _versions(), "device": options.device,
+               "catalogue": options.catalogue_results, "api_checks": options.api_results,
+               "session": session_outcomes(options.outcomes), "test_folders": sorted(set(options.session_folders))}
     where = session_files_dir(options.root)
     write_json_atomic(where / "summary.json", session)
     try:
@@ -508,13 +617,24 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     state: MsprobeSession | None = config.stash.get(_SESSION_KEY, None)
     if state is None:
         return
+    from pytest_msprobe.reports.tables import ProbeAccount
+    from pytest_msprobe.reports.text import account_lines
+
     tr = terminalreporter
     tr.section(f"msprobe {state.task.name}: {state.task.table_title}")
+    unprobed = ", ".join(f"{n} {reason}" for reason, n in sorted(state.unprobed.items(), key=lambda kv: -kv[1]))
     if not state.results:
-        tr.write_line("no test ran under the probe (none imported torch or mindspore)")
-        return
-    for line in state.task.table_lines(state.table(), state.results):
-        tr.write_line(line)
+        tr.write_line("no test ran under the probe" + (f": {unprobed}" if unprobed else "")
+                      + " (a test runs under it when its module uses torch or mindspore, unless it is marked "
+                        "msprobe_off or runs its own probes)")
+    else:
+        for line in state.task.table_lines(state.table(), state.results):
+            tr.write_line(line)
+        entries = {nodeid: state.task.entry(r) for nodeid, r in state.results}
+        for line in account_lines(ProbeAccount.of(entries), state.task.checked_label):
+            tr.write_line(line)
+        if unprobed:
+            tr.write_line(f"without the session's probe: {unprobed}")
     summary_path = session_files_dir(state.root) / "summary.json"
     tr.write_line(f"details: {os.fspath(summary_path)} and per-test files under {state.root / 'tests'}")
     if state.report is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pytest_msprobe.reports.tables import as_number, failing_ops
 from pytest_msprobe.reports.text import failure_message
 
 
@@ -206,23 +207,6 @@ class OnlineDispatchRun(ToolRun):
             raise AssertionError(dispatch_failure_message(self.label, self.summary))
 
 
-def failing_ops(summary: dict[str, Any]) -> list[dict[str, Any]]:
-    out = []
-    for f in summary.get("failed_ops", []):
-        leaves = f.get("leaves") or [{}]
-        worst = min(leaves, key=lambda leaf: _number(leaf.get("cosine"), 1.0))
-        out.append({"op": f["op"], "name": f["name"], "cosine": _number(worst.get("cosine"), float("nan")),
-                    "max_abs_err": max(_number(leaf.get("max_abs_err"), 0.0) for leaf in leaves)})
-    return out
-
-
-def _number(v: Any, default: float) -> float:
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return default
-
-
 def dispatch_failure_message(label: str, summary: dict[str, Any], limit: int = 10) -> str:
     from probes.core.dispatch_metrics import (
         COS_MAX_THRESHOLD,
@@ -237,7 +221,7 @@ def dispatch_failure_message(label: str, summary: dict[str, Any], limit: int = 1
     leaves = {f["name"]: f.get("leaves") or [] for f in summary.get("failed_ops", [])}
     for f in ops[:limit]:
         rules = sorted({leaf.get("failed_rule") for leaf in leaves.get(f["name"], []) if leaf.get("failed_rule")})
-        ulps = [_number(leaf["scaled_ulps"], 0.0) for leaf in leaves.get(f["name"], [])
+        ulps = [as_number(leaf["scaled_ulps"], 0.0) for leaf in leaves.get(f["name"], [])
                 if leaf.get("scaled_ulps") not in (None, "")]
         extra = (f", scaled error {max(ulps):.4g} ulp" if ulps else "") + (f" [{'/'.join(rules)}]" if rules else "")
         lines.append(f"  {f['name']} ({f['op']}): Cosine {f['cosine']:.6g}, MaxAbsErr {f['max_abs_err']:.6g}{extra}")

@@ -1,12 +1,17 @@
-"""report.html: a self-contained page (escaped, no scripts, no external resources) with the tool's
-findings, plots that decode as PNGs, links to the evidence that resolve, and a screenshot in
-headless Chromium that is the requested size and not blank."""
+"""report.html, built from what real runs wrote: a small suite runs under each task (a subprocess
+pytest per task) and each report is rendered from its summary.json. The page is self-contained
+(escaped, no scripts, no external resources), its plots decode as PNGs, its evidence links
+resolve, its figures are the session's (a clean API's margin, every op's calls compared), a
+summary row missing a field fails by name, and a screenshot in headless Chromium is the
+requested size and not blank."""
 
 from __future__ import annotations
 
 import base64
+import copy
 import html
 import io
+import json
 import os
 import re
 import stat
@@ -17,72 +22,114 @@ import time
 from pathlib import Path
 
 import pytest
+from test_plugin_grad_probe import TORCH_SUITE as GRAD_TORCH_SUITE
 
 from probes.core.errors import ConfigError
 from pytest_msprobe.reports.html import PLOT_MAX_BARS, find_chromium, render_html, screenshot
+from pytest_msprobe.reports.tables import COMPARED_BY_OP, SummaryFormatError
 
 Image = pytest.importorskip("PIL.Image")
 np = pytest.importorskip("numpy")
 
-T1 = "tests/test_model.py::test_train_bf16[resnet]"
-T2 = "tests/test_model.py::test_attention_fp16"
-T3 = "tests/test_ops.py::test_clean"
 IMG = re.compile(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"')
+TESTS = Path(__file__).resolve().parent
+
+FB_SUITE = {
+    "test_fb.py": """
+import torch
+
+def test_risky():
+    torch.expm1(torch.linspace(1e-3, 2e-2, 32).half())
+
+def test_clean_model():
+    x = torch.linspace(-2, 2, 64).reshape(8, 8)
+    torch.nn.functional.softsign(x)
+    torch.softmax(x, dim=-1)
+    torch.tanh(x.bfloat16())
+
+def test_probe_fails_at_stop():
+    torch.nn.functional.softsign(torch.linspace(-1, 1, 16))
+
+def test_never_calls_torch():
+    assert True
+""",
+    "seeded_defect.py": """
+import torch
+_exp = torch.exp
+def naive_expm1(x):  # cancellation for small |x| in half precision
+    return _exp(x) - 1
+""",
+    "conftest.py": """
+import torch, seeded_defect
+from pytest_msprobe import tool_runs
+
+_finish = tool_runs.FreeBenchmarkRun._finish
+
+def _finish_then_fail(self):  # the probe's stop raising (as under torch.func.vmap), hooks already off
+    _finish(self)
+    if "probe_fails_at_stop" in str(self.dump_path):
+        raise RuntimeError("the tensor may have escaped from inside a function being vmapped")
+
+tool_runs.FreeBenchmarkRun._finish = _finish_then_fail
+
+def pytest_configure(config):
+    torch.expm1 = seeded_defect.naive_expm1
+""",
+}
+
+OD_SUITE = {
+    "test_od.py": """
+import torch
+import seeded_dispatch
+
+def test_clean_mlp():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 2))
+    model(torch.randn(4, 8)).sum().backward()
+
+def test_defective_kernel():
+    torch.ops.seeded_dispatch.scaled_tanh(torch.linspace(-1, 1, 16))
+
+def test_no_aten_op():
+    assert True
+""",
+    "seeded_dispatch.py": (TESTS / "seeded_dispatch.py").read_text(encoding="utf-8"),
+}
+
+GRAD_SUITE = {"test_grad.py": GRAD_TORCH_SUITE}  # a clean run, one blowing up at step 1, one without optimizer
+
+SUITES = {"free_benchmark": FB_SUITE, "online_dispatch": OD_SUITE, "grad_probe": GRAD_SUITE}
 
 
-def realistic_session(root: Path) -> dict:
-    """A session with flagged APIs (one with a string worst figure), two gradient comparisons (one
-    flagged at step 3), failing online_dispatch ops and a probe error."""
-    csv1 = root / "tests" / "t1" / "step0" / "rank0" / "free_benchmark.csv"
-    csv2 = root / "tests" / "t2" / "step0" / "rank0" / "free_benchmark.csv"
-    for csv in (csv1, csv2):
-        csv.parent.mkdir(parents=True, exist_ok=True)
-        csv.write_text("rank,pert_mode,stage,step,api_name,max_rel,dtype,shape,output_index\n")
-    return {
-        "tool": "free_benchmark",
-        "device": "cpu",
-        "versions": {"torch": "2.13.0", "mindspore": "2.10.0"},
-        "config": {"task": "free_benchmark", "dump_path": str(root), "rank": [], "step": [], "level": "L1",
-                   "free_benchmark": {"pert_mode": "improve_precision", "handler_type": "check"}},
-        "tests": {
-            T1: {"outcome": "failed", "flagged_apis": ["Functional.softmax", "Torch.matmul", "Tensor.__add__"],
-                 "csv_files": [str(csv1)], "errors": []},
-            T2: {"outcome": "failed", "flagged_apis": ["Functional.scaled_dot_product_attention"],
-                 "csv_files": [str(csv2)],
-                 "errors": [{"api": "Torch.nonzero", "error": "RuntimeError: dynamic shape", "count": 3}]},
-            T3: {"outcome": "passed", "flagged_apis": [], "csv_files": [], "errors": []},
-        },
-        "apis": {
-            "Functional.softmax": {"checked": 40, "flagged": 12, "worst_max_rel": 0.0316, "threshold": 0.004,
-                                   "tests": [T1], "first_flagged": "Functional.softmax.3.forward"},
-            "Torch.matmul": {"checked": 88, "flagged": 2, "worst_max_rel": 0.0051, "threshold": 0.004,
-                             "tests": [T1], "first_flagged": "Torch.matmul.7.forward"},
-            "Tensor.__add__": {"checked": 300, "flagged": 1, "worst_max_rel": "nan_mismatch", "threshold": 0.004,
-                               "tests": [T1], "first_flagged": "Tensor.__add__.41.forward"},
-            "Functional.scaled_dot_product_attention": {
-                "checked": 6, "flagged": 6, "worst_max_rel": 0.41, "threshold": 0.002, "tests": [T2],
-                "first_flagged": "Functional.scaled_dot_product_attention.0.forward"},
-            "Functional.gelu": {"checked": 40, "flagged": 0, "worst_max_rel": None, "threshold": None,
-                                "tests": [], "first_flagged": None},
-        },
-        "similarities": {
-            T1: {"steps": [0, 1, 2, 3, 4, 5], "first_step_min": 0.97, "max_drop": 0.03,
-                 "params": {"conv1.weight": [0.999, 0.998, 0.997, 0.93, 0.92, 0.91],
-                            "fc.weight": [0.995, 0.994, 0.993, 0.992, 0.99, 0.99]},
-                 "summary": [0.998, 0.997, 0.996, 0.95, 0.94, 0.94]},
-            T2: {"steps": [0, 1, 2, 3, 4, 5],
-                 "params": {"attn.q.weight": [0.999, 0.999, 0.998, 0.998, 0.997, 0.997]},
-                 "summary": [0.999, 0.998, 0.998, 0.997, 0.997, 0.996]},
-        },
-        "ops": {
-            "aten.addmm.default": {"checked": 12, "failed": 2, "worst_cosine": 0.962, "worst_max_abs_err": 0.021,
-                                   "tests": [T1]},
-            "aten._softmax.default": {"checked": 12, "failed": 1, "worst_cosine": 0.71, "worst_max_abs_err": 0.4,
-                                      "tests": [T2]},
-            "aten.relu.default": {"checked": 30, "failed": 0, "worst_cosine": 1.0, "worst_max_abs_err": 0.0,
-                                  "tests": []},
-        },
-    }
+def _run_suite(root: Path, task: str) -> dict:
+    """Run the task's suite in a fresh folder; its summary.json (the dump is root/<task>/out)."""
+    folder = root / task
+    folder.mkdir()
+    for name, text in SUITES[task].items():
+        (folder / name).write_text(text, encoding="utf-8")
+    dump = folder / "out"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--basetemp={folder / 'tmp'}",
+         f"--msprobe-task={task}", "--msprobe-fail-on=never", f"--msprobe-dump-path={dump}"],
+        cwd=folder, capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(folder)))
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    summary = json.loads((dump / "summary.json").read_text(encoding="utf-8"))
+    summary["_terminal"] = done.stdout
+    return summary
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, dict]:
+    """Each task's summary.json from a real run (with the terminal's text under "_terminal")."""
+    root = tmp_path_factory.mktemp("runs")
+    return {task: _run_suite(root, task) for task in SUITES}
+
+
+def _summary(runs: dict, task: str) -> dict:
+    """A copy of the task's summary.json, to render (or to change, for a test of one feature)."""
+    summary = copy.deepcopy(runs[task])
+    del summary["_terminal"]
+    return summary
 
 
 def text_of(page: str) -> str:
@@ -106,31 +153,156 @@ def decoded_pngs(page: str) -> list:
     return images
 
 
+def rows_of(sec: str) -> list[str]:
+    return [r.replace("<wbr>", "") for r in re.findall(r"<tr><td><code>(.*?)</code>", sec)]
+
+
+def cells_of(sec: str) -> dict[str, list[str]]:
+    """A section's table rows by their first cell: the visible text of each cell."""
+    rows = {}
+    for row in re.findall(r"<tr>(.*?)</tr>", sec, re.S):
+        cells = [text_of(c) for c in re.findall(r"<td>(.*?)</td>", row, re.S)]
+        if cells:
+            rows[cells[0]] = cells
+    return rows
+
+
+def render(summary: dict, path: Path) -> str:
+    return render_html(summary, path).read_text(encoding="utf-8")
+
+
+# what the reports show of real runs ----------------------------------------------------------------
+def test_free_benchmark_report_shows_every_apis_margin_and_the_probe_error(runs, tmp_path):
+    summary = _summary(runs, "free_benchmark")
+    page = render(summary, tmp_path / "report.html")
+    apis = section(page, "apis")
+    assert rows_of(apis)[0] == "Torch.expm1"  # the flagged one first
+    clean = {api: row for api, row in summary["apis"].items() if not row["flagged"] and row["checked"]}
+    assert {"Functional.softsign", "Torch.softmax", "Torch.tanh"} <= set(clean)
+    shown = cells_of(apis)
+    for api, row in clean.items():  # the closest approach of every clean API, not a dash
+        assert row["worst_score"] is not None and row["dtypes"]
+        assert shown[api][1:] == [str(row["checked"]), f"{row['worst_score']:.3g}\u00d7", ", ".join(row["dtypes"])]
+    assert "torch.bfloat16" in text_of(apis)
+    (plot,) = decoded_pngs(apis)  # flagged and clean APIs on one axis
+    assert plot.size[1] > 150 and np.asarray(plot.convert("L")).std() > 10
+    errors = text_of(section(page, "errors"))
+    assert "test_fb.py::test_probe_fails_at_stop" in errors
+    assert "probe stop: RuntimeError: the tensor may have escaped" in errors
+    account = text_of(section(page, "probe"))
+    assert "test_fb.py::test_never_calls_torch" in account and "it called no API free_benchmark checks" in account
+    assert f"{summary['probe']['checked']} API calls checked in 4 test(s)" in account
+    tests = text_of(section(page, "tests"))
+    assert all(t in tests for t in summary["tests"])  # the test whose probe failed too
+
+
+def test_the_terminal_says_what_summary_json_holds(runs):
+    fb, od = runs["free_benchmark"], runs["online_dispatch"]
+    out = fb["_terminal"]
+    assert "probe errors: 1 in 1 test(s)" in out
+    assert "test_fb.py::test_probe_fails_at_stop: probe stop: RuntimeError: the tensor may have escaped" in out
+    assert f"{fb['probe']['checked']} API calls checked in 4 test(s) under the probe" in out
+    assert f"not checked: {sum(fb['probe']['not_checked'].values())} call(s): " in out
+    assert f"{od['probe']['checked']} op calls compared in 3 test(s) under the probe" in od["_terminal"]
+    assert "test_od.py::test_no_aten_op: it ran no aten op that could be compared" in od["_terminal"]
+
+
+def test_online_dispatch_report_counts_what_the_session_compared(runs, tmp_path):
+    summary = _summary(runs, "online_dispatch")
+    compared = summary["probe"]["checked"]
+    assert compared == sum(t["checked"] for t in summary["tests"].values()) > 10
+    page = render(summary, tmp_path / "report.html")
+    ops = text_of(section(page, "ops"))
+    assert "no op was compared" not in ops
+    assert f"1 of {len(summary['ops'])} ops failed the comparison ({compared} calls compared" in ops
+    assert rows_of(section(page, "ops"))[0] == "seeded_dispatch.scaled_tanh.default"
+    assert len(decoded_pngs(section(page, "ops"))) == 1
+    per_test = [json.loads(p.read_text()) for p in Path(summary["config"]["dump_path"]).glob("tests/*/msprobe_*/summary.json")]
+    assert per_test and all(COMPARED_BY_OP in s for s in per_test)
+    by_op: dict[str, int] = {}
+    for s in per_test:
+        for op, n in s[COMPARED_BY_OP].items():
+            by_op[op] = by_op.get(op, 0) + n
+    assert {op: row["compared"] for op, row in summary["ops"].items()} == by_op
+    assert sum(by_op.values()) == compared and len(by_op) > 3  # every op, the clean ones too
+    shown = cells_of(section(page, "ops"))
+    assert {op: int(cells[1]) for op, cells in shown.items()} == by_op
+
+
+def test_grad_probe_report_names_the_parameter_and_its_step(runs, tmp_path):
+    summary = _summary(runs, "grad_probe")
+    page = render(summary, tmp_path / "report.html")
+    params = text_of(section(page, "params"))
+    assert set(summary["params"]) == {"0.weight"} and "0.weight" in params
+    assert summary["params"]["0.weight"]["first"].startswith("step 1: ") and summary["params"]["0.weight"]["first"] in params
+    assert "test_grad.py::test_blows_up_at_step_1" in params
+    assert 'id="apis"' not in page and 'id="ops"' not in page
+    assert "test_grad.py::test_no_optimizer" in text_of(section(page, "probe"))  # it gave the probe nothing
+    # gradient comparisons (a golden check's similarities) go after the table, one plot each
+    summary["similarities"] = {"test_grad.py::test_clean vs golden": {
+        "steps": [0, 1, 2, 3], "first_step_min": 0.9995, "params": {"0.weight": [0.999, 0.998, 0.93, 0.92]},
+        "summary": [0.999, 0.998, 0.95, 0.94]}}
+    page = render(summary, tmp_path / "report.html")
+    assert page.index('id="params"') < page.index('id="similarities"') < page.index('id="tests"')
+    sims = text_of(section(page, "similarities"))
+    assert "1 of 1 comparison(s) flagged" in sims and "flagged at step 0, 2" in sims
+    assert "step 2 \u00b7 0.weight: similarity 0.93 dropped by 0.068 > 0.03 from 0.998 at step 1" in sims
+    assert len(decoded_pngs(page)) == 1
+
+
+def test_a_summary_row_missing_a_field_fails_naming_it(runs, tmp_path):
+    summary = _summary(runs, "free_benchmark")
+    del summary["apis"]["Torch.expm1"]["worst_score"]
+    with pytest.raises(SummaryFormatError, match=r"apis\['Torch.expm1'\] lacks worst_score"):
+        render_html(summary, tmp_path / "report.html")
+    summary = _summary(runs, "online_dispatch")
+    summary["ops"]["seeded_dispatch.scaled_tanh.default"]["checked"] = 1  # a key the reader does not know
+    with pytest.raises(SummaryFormatError, match="has unknown checked"):
+        render_html(summary, tmp_path / "report.html")
+    assert not (tmp_path / "report.html").exists()
+
+
+def test_a_clean_session_says_nothing_flagged_and_shows_its_margins(runs, tmp_path):
+    summary = _summary(runs, "free_benchmark")
+    summary["apis"] = {api: row for api, row in summary["apis"].items() if not row["flagged"]}
+    page = render(summary, tmp_path / "report.html")
+    apis = section(page, "apis")
+    assert "Nothing flagged" in apis and "<details open>" in apis and "closest first" in apis
+    scores = [row["worst_score"] for row in summary["apis"].values() if row["worst_score"] is not None]
+    assert len(scores) >= 3
+    shown = [float(x) for x in re.findall(r"<td>([0-9.e+-]+)\u00d7</td>", apis)]
+    assert shown == sorted(shown, reverse=True) and len(shown) == len(scores)  # closest first
+    assert len(decoded_pngs(apis)) == 1 and 'alt="worst error per API relative to its threshold"' in apis
+
+
 @pytest.fixture(scope="module")
-def realistic_report(tmp_path_factory) -> Path:
-    dump = tmp_path_factory.mktemp("realistic") / "dump"
-    return render_html(realistic_session(dump), dump / "report.html")
+def realistic_report(runs, tmp_path_factory) -> Path:
+    """One report with every section: the free_benchmark run's, with the online_dispatch run's ops
+    and gradient comparisons (as a merged summary carries them)."""
+    summary = _summary(runs, "free_benchmark")
+    summary["ops"] = _summary(runs, "online_dispatch")["ops"]
+    summary["similarities"] = {
+        "test_fb.py::test_clean_model vs golden": {
+            "steps": [0, 1, 2, 3, 4, 5], "params": {"conv1.weight": [0.999, 0.998, 0.997, 0.93, 0.92, 0.91]},
+            "summary": [0.998, 0.997, 0.996, 0.95, 0.94, 0.94]},
+        "test_fb.py::test_risky vs golden": {
+            "steps": [0, 1, 2], "params": {"attn.q.weight": [0.999, 0.999, 0.998]}, "summary": [0.999, 0.998, 0.998]}}
+    return render_html(summary, Path(summary["config"]["dump_path"]) / "realistic.html")
 
 
 def test_realistic_report_is_self_contained_with_valid_plots(realistic_report):
     page = realistic_report.read_text(encoding="utf-8")
     images = decoded_pngs(page)
-    assert len(images) == 4  # max_rel per API, two similarity plots, failing ops
+    assert len(images) == 4  # worst error per API, failing ops, two similarity plots
     for im in images:
-        assert im.size[0] >= 400 and im.size[1] >= 150
+        assert im.size[0] >= 400 and im.size[1] >= 100
         assert np.asarray(im.convert("L")).std() > 10  # something is drawn
     assert "<script" not in page.lower()
     assert not re.search(r'(src|href)="(https?:)?//', page) and "<link" not in page and "url(" not in page
     text = text_of(page)
-    for expected in ("Functional.softmax", "nan_mismatch", "flagged at step 3", "directions close",
-                     "aten._softmax.default", "RuntimeError: dynamic shape", "torch 2.13.0", "improve_precision"):
+    for expected in ("Torch.expm1", "flagged at step 3", "directions close", "seeded_dispatch.scaled_tanh.default",
+                     "torch 2.", "improve_precision", "probe stop: RuntimeError"):
         assert expected in text, expected
-    assert "aten.relu.default" not in section(page, "ops")  # it passed the comparison
-    # the string figure is off the scale: first in the table, then by ratio to the threshold
-    apis = re.findall(r"<tr><td><code>(.*?)</code>", section(page, "apis"))
-    assert [a.replace("<wbr>", "") for a in apis] == [
-        "Tensor.__add__", "Functional.scaled_dot_product_attention", "Functional.softmax", "Torch.matmul",
-        "Functional.gelu"]  # the last: within its threshold, in the "closest first" table
 
 
 @pytest.mark.skipif(find_chromium() is None, reason="headless Chromium not installed (.ci/run installs it)")
@@ -149,22 +321,27 @@ def test_screenshot_in_headless_chromium(tmp_path, realistic_report):
     assert empty.shape == (480, 640) and empty.std() < 1
 
 
-def test_hostile_strings_are_escaped(tmp_path):
+def _renamed(table: dict, old: str, new: str) -> dict:
+    return {new if k == old else k: v for k, v in table.items()}
+
+
+def test_hostile_strings_are_escaped(runs, tmp_path):
+    """Names come from user code: a real summary with an API, a test, an op and an error renamed."""
     evil = "<script>alert(1)</script>"
     nodeid = 'tests/x.py::test_a["><img src=x onerror=alert(2)>]'
-    session = {
-        "tool": "free_benchmark",
-        "device": evil,
-        "versions": {evil: evil},
-        "config": {"task": "free_benchmark", "dump_path": evil, "free_benchmark": {"list": [evil]}},
-        "tests": {nodeid: {"outcome": "failed", "flagged_apis": [evil], "errors": [f"ValueError: {evil}"],
-                           "csv_files": ["javascript:alert(3)", f"a/{evil}.csv"]}},
-        "apis": {evil: {"checked": 1, "flagged": 1, "worst_max_rel": evil, "threshold": 0.004, "tests": [nodeid],
-                        "first_flagged": evil}},
-        "similarities": {nodeid: {"steps": [0, 1], "params": {evil: [0.5, 0.4]}}},
-        "ops": {evil: {"checked": 1, "failed": 1, "worst_cosine": 0.1, "worst_max_abs_err": 2.0, "tests": [nodeid]}},
-    }
-    page = render_html(session, tmp_path / "report.html").read_text(encoding="utf-8")
+    summary = _summary(runs, "free_benchmark")
+    summary["device"], summary["versions"] = evil, {evil: evil}
+    summary["config"]["free_benchmark"]["list"] = [evil]
+    summary["apis"] = _renamed(summary["apis"], "Torch.expm1", evil)
+    summary["apis"][evil]["tests"] = [nodeid]
+    summary["apis"][evil]["first_flagged"] = evil
+    entry = summary["tests"].pop("test_fb.py::test_risky")
+    entry.update(flagged_apis=[evil], csv_files=["javascript:alert(3)", f"a/{evil}.csv"],
+                 errors=[{"call": evil, "error": f"ValueError: {evil}", "count": 2}])
+    summary["tests"][nodeid] = entry
+    summary["ops"] = _renamed(_summary(runs, "online_dispatch")["ops"], "seeded_dispatch.scaled_tanh.default", evil)
+    summary["similarities"] = {nodeid: {"steps": [0, 1], "params": {evil: [0.5, 0.4]}}}
+    page = render(summary, tmp_path / "report.html")
     assert "<script" not in page.lower()
     assert "<img src=x" not in page and "onerror=alert(2)>" not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page.replace("<wbr>", "")
@@ -181,98 +358,59 @@ def test_empty_session(tmp_path, tool):
     assert f"msprobe report: {tool}" in page
 
 
-@pytest.mark.parametrize("tool, tests_entry, data", [
-    ("free_benchmark", {"flagged_apis": [], "csv_files": [], "errors": []},
-     {"apis": {"Functional.gelu": {"checked": 4, "flagged": 0, "worst_max_rel": None, "threshold": None,
-                                   "tests": [], "first_flagged": None}}}),
-    ("grad_probe", {"nonfinite_params": [], "dump_paths": [], "errors": []}, {"params": {}}),
-    ("online_dispatch", {"failing_ops": [], "csv_files": [], "errors": []},
-     {"ops": {"aten.add.Tensor": {"checked": 9, "failed": 0, "worst_cosine": 1.0, "worst_max_abs_err": 0.0,
-                                  "tests": []}}}),
-])
-def test_clean_session_says_nothing_flagged(tmp_path, tool, tests_entry, data):
-    session = {"tool": tool, "tests": {"t.py::test_ok": dict(tests_entry, outcome="passed")}, **data}
-    page = render_html(session, tmp_path / "report.html").read_text(encoding="utf-8")
-    assert "Nothing flagged" in page
-    assert "<img" not in page
-    assert "No probe error." in page
-    assert "t.py::test_ok" in text_of(page)
-
-
-def test_grad_probe_session(tmp_path):
-    session = realistic_session(tmp_path)
-    session = {"tool": "grad_probe", "similarities": session["similarities"],
-               "tests": {T1: {"outcome": "failed", "nonfinite_params": ["conv1.weight"], "dump_paths": [],
-                              "errors": []}},
-               "params": {"conv1.weight": {"nonfinite_steps": 2, "first": "step 4: nan 3", "tests": [T1]}}}
-    # a comparison may carry its own thresholds: 0.9995 flags the first step of T2
-    session["similarities"][T2]["first_step_min"] = 0.9995
-    page = render_html(session, tmp_path / "report.html").read_text(encoding="utf-8")
-    assert page.index('id="params"') < page.index('id="similarities"') < page.index('id="tests"')
-    assert 'id="apis"' not in page and 'id="ops"' not in page
-    sims = text_of(section(page, "similarities"))
-    assert "2 of 2 comparison(s) flagged" in sims
-    assert "flagged at step 3" in sims and "flagged at step 0" in sims
-    assert "conv1.weight: similarity 0.93 dropped by 0.067 > 0.03 from 0.997 at step 2" in sims
-    assert "step 4: nan 3" in text_of(section(page, "params"))
-    assert len(decoded_pngs(page)) == 2
-
-
-def test_online_dispatch_session(tmp_path):
-    ops = {f"aten.op{i}.default": {"checked": 3, "failed": 1, "worst_cosine": 0.5 + i / 100, "worst_max_abs_err": 0.1,
-                                   "tests": ["t::a"]} for i in range(45)}
-    ops["aten.div.Tensor"] = {"checked": 1, "failed": 1, "worst_cosine": "nan", "worst_max_abs_err": None,
-                              "tests": ["t::a"]}
-    page = render_html({"tool": "online_dispatch", "ops": ops, "tests": {"t::a": {"failing_ops": list(ops)}}},
-                       tmp_path / "report.html").read_text(encoding="utf-8")
+def test_many_failing_ops_cap_the_plot_not_the_table(runs, tmp_path):
+    summary = _summary(runs, "online_dispatch")
+    (row,) = [r for r in summary["ops"].values() if r["failed"]]
+    summary["ops"] = {f"aten.op{i}.default": dict(row, worst_cosine=0.5 + i / 100) for i in range(45)}
+    summary["ops"]["aten.div.Tensor"] = dict(row, worst_cosine="nan")
+    page = render(summary, tmp_path / "report.html")
     text = text_of(section(page, "ops"))
     assert "46 of 46 ops failed" in text
     assert f"The plot shows the {PLOT_MAX_BARS} worst ops; 6 more are in the table." in text
-    rows = re.findall(r"<tr><td><code>(.*?)</code>", section(page, "ops"))
-    assert [r.replace("<wbr>", "") for r in rows[:3]] == ["aten.div.Tensor", "aten.op0.default", "aten.op1.default"]
-    assert len(rows) == 46
+    rows = rows_of(section(page, "ops"))
+    assert rows[:3] == ["aten.div.Tensor", "aten.op0.default", "aten.op1.default"] and len(rows) == 46
     assert len(decoded_pngs(page)) == 1
 
 
-def test_large_free_benchmark_session_caps_the_plot(tmp_path):
-    apis = {f"Torch.api_{i}": {"checked": 2, "flagged": 1, "worst_max_rel": 0.004 * (1 + i), "threshold": 0.004,
-                               "tests": ["t::a"], "first_flagged": f"Torch.api_{i}.0.forward"} for i in range(100)}
-    page = render_html({"tool": "free_benchmark", "apis": apis}, tmp_path / "report.html").read_text(encoding="utf-8")
+def test_large_free_benchmark_session_caps_the_plot(runs, tmp_path):
+    summary = _summary(runs, "free_benchmark")
+    row = summary["apis"]["Torch.expm1"]
+    apis = {f"Torch.api_{i}": dict(row, worst_max_rel=row["threshold"] * (1 + i)) for i in range(100)}
+    page = render(dict(summary, apis=apis), tmp_path / "report.html")
     text = text_of(section(page, "apis"))
     assert f"The plot shows the {PLOT_MAX_BARS} APIs nearest or beyond their thresholds; 60 more are in the tables." in text
-    (plot,) = decoded_pngs(page)
-    short = render_html({"tool": "free_benchmark", "apis": dict(list(apis.items())[:5])}, tmp_path / "short.html")
-    (small,) = decoded_pngs(short.read_text(encoding="utf-8"))
+    (plot,) = decoded_pngs(section(page, "apis"))
+    short = render(dict(summary, apis=dict(list(apis.items())[:5])), tmp_path / "short.html")
+    (small,) = decoded_pngs(section(short, "apis"))
     assert plot.size[1] > 4 * small.size[1]  # 40 bars, not 5, and not 100
     assert plot.size[1] < 16 * small.size[1]
 
 
-def test_evidence_links_resolve_from_the_report(tmp_path):
-    dump = tmp_path / "dump"
-    inside = dump / "tests" / "t_a" / "step0" / "rank0" / "free_benchmark.csv"
-    outside = tmp_path / "elsewhere" / "run dir" / "grad.csv"
-    for f in (inside, outside):
-        f.parent.mkdir(parents=True)
-        f.write_text("x\n")
-    session = {"tool": "free_benchmark",
-               "tests": {"t::a": {"outcome": "failed", "flagged_apis": ["A"], "csv_files": [str(inside)]},
-                         "t::b": {"outcome": "passed", "dump_paths": [str(outside)], "csv_files": []}}}
-    report = render_html(session, dump / "report.html")
+def test_evidence_links_resolve_from_the_report(runs, tmp_path):
+    summary = _summary(runs, "free_benchmark")
+    dump = Path(summary["config"]["dump_path"])
+    report = render_html(summary, dump / "links.html")
     hrefs = re.findall(r'<a href="([^"#][^"]*)"', report.read_text(encoding="utf-8"))
-    assert hrefs == ["tests/t_a/step0/rank0/free_benchmark.csv", "../elsewhere/run%20dir/grad.csv"]
+    csvs = summary["tests"]["test_fb.py::test_risky"]["csv_files"]
+    assert hrefs == ["tests/test_fb.py_test_risky/step0/rank0/free_benchmark.csv"] and len(csvs) == 1
     from urllib.parse import unquote
 
-    for href, target in zip(hrefs, (inside, outside)):
-        assert (report.parent / unquote(href)).resolve() == target.resolve()
+    assert (report.parent / unquote(hrefs[0])).resolve() == Path(csvs[0]).resolve()
+    # a file outside the dump, under a name with a space: relative, quoted
+    outside = tmp_path / "elsewhere" / "run dir" / "grad.csv"
+    outside.parent.mkdir(parents=True)
+    outside.write_text("x\n")
+    summary["tests"]["test_fb.py::test_risky"]["csv_files"] = [str(outside)]
+    page = render_html(summary, tmp_path / "out" / "r.html").read_text(encoding="utf-8")
+    (href,) = re.findall(r'<a href="([^"#][^"]*)"', page)
+    assert href == "../elsewhere/run%20dir/grad.csv"
 
 
-def test_probe_errors_are_listed_and_linked(tmp_path):
-    session = {"tool": "grad_probe",
-               "tests": {"t::a": {"outcome": "passed", "errors": ["OSError: disk full", {"step": 2, "error": "boom"}]}}}
-    page = render_html(session, tmp_path / "report.html").read_text(encoding="utf-8")
+def test_probe_errors_are_listed_and_linked(runs, tmp_path):
+    page = render(_summary(runs, "free_benchmark"), tmp_path / "report.html")
     errors = section(page, "errors")
-    assert "OSError: disk full" in errors and "step: 2; error: boom" in errors
-    anchor = re.search(r'<a href="#(err-[0-9a-f]+)">2</a>', page)
+    assert "probe stop: RuntimeError: the tensor may have escaped" in errors
+    anchor = re.search(r'<a href="#(err-[0-9a-f]+)">1</a>', page)
     assert anchor and f'id="{anchor.group(1)}"' in errors
 
 
@@ -284,17 +422,45 @@ def test_unknown_tool_is_a_config_error(tmp_path, bad):
     assert not (tmp_path / "report.html").exists()
 
 
-def test_matplotlib_is_lazy_and_pyplot_untouched(tmp_path):
+def test_matplotlib_is_lazy_and_pyplot_untouched(runs, tmp_path):
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps(_summary(runs, "online_dispatch")))
     code = textwrap.dedent(f"""
-        import sys
+        import json, sys
         from pytest_msprobe.reports.html import render_html
         assert "matplotlib" not in sys.modules
-        render_html({{"tool": "online_dispatch", "ops": {{"aten.add": {{"checked": 1, "failed": 1,
-                     "worst_cosine": 0.5, "worst_max_abs_err": 1.0}}}}}}, {str(tmp_path / 'r.html')!r})
+        render_html(json.load(open({str(summary)!r})), {str(tmp_path / 'r.html')!r})
         assert "matplotlib" in sys.modules and "matplotlib.pyplot" not in sys.modules
     """)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_names_matplotlib_would_misread_are_drawn_literally(runs, tmp_path):
+    """A ``$…$`` pair (mathtext; a malformed one raises) and a leading ``_`` (legends drop such
+    labels: torch.compile's ``_orig_mod.``) must neither lose the report nor vanish from a plot."""
+    from pytest_msprobe.reports import html as report_html
+
+    nodeid = "tests/x.py::test_cost[$x$-$\\frac{1}{$]"
+    param = "_orig_mod.layers.0.weight"
+    summary = _summary(runs, "free_benchmark")
+    summary["apis"] = _renamed(summary["apis"], "Torch.expm1", "Functional.$gelu$")
+    summary["apis"]["Functional.$gelu$"].update(tests=[nodeid], first_flagged="$bad")
+    summary["similarities"] = {nodeid: {"steps": [0, 1, 2], "params": {param: [1.0, 0.99, 0.5],
+                                                                       "$\\frac{1}{$": [1.0, 1.0, 1.0]}}}
+    page = render(summary, tmp_path / "report.html")
+    assert len(decoded_pngs(page)) == 2
+    assert report_html._plot_text(param) != param and report_html._plot_text(param).strip() == param
+    assert report_html._plot_text("$x$") == r"\$x\$"
+    # the legend keeps the underscored name
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure()
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    ax.plot([0, 1], [0, 1], label=report_html._plot_text(param))
+    assert [t.get_text() for t in ax.legend().get_texts()] == [" " + param]
 
 
 def fake_browser(tmp_path: Path, body: str) -> str:
@@ -345,35 +511,6 @@ def test_screenshot_arguments(tmp_path, monkeypatch):
         screenshot(tmp_path / "r.html", tmp_path / "r.png")
 
 
-def test_names_matplotlib_would_misread_are_drawn_literally(tmp_path):
-    """A ``$…$`` pair (mathtext; a malformed one raises) and a leading ``_`` (legends drop such
-    labels: torch.compile's ``_orig_mod.``) must neither lose the report nor vanish from a plot."""
-    from pytest_msprobe.reports import html as report_html
-
-    nodeid = "tests/x.py::test_cost[$x$-$\\frac{1}{$]"
-    param = "_orig_mod.layers.0.weight"
-    session = {
-        "tool": "free_benchmark",
-        "tests": {nodeid: {"outcome": "failed", "flagged_apis": ["Functional.$gelu$"]}},
-        "apis": {"Functional.$gelu$": {"checked": 1, "flagged": 1, "worst_max_rel": 0.5, "threshold": 0.004,
-                                       "tests": [nodeid], "first_flagged": "$bad"}},
-        "similarities": {nodeid: {"steps": [0, 1, 2], "params": {param: [1.0, 0.99, 0.5], "$\\frac{1}{$": [1.0, 1.0, 1.0]}}},
-    }
-    page = render_html(session, tmp_path / "report.html").read_text(encoding="utf-8")
-    assert len(decoded_pngs(page)) == 2
-    assert report_html._plot_text(param) != param and report_html._plot_text(param).strip() == param
-    assert report_html._plot_text("$x$") == r"\$x\$"
-    # the legend keeps the underscored name
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure()
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
-    ax.plot([0, 1], [0, 1], label=report_html._plot_text(param))
-    assert [t.get_text() for t in ax.legend().get_texts()] == [" " + param]
-
-
 def test_the_reproduce_command_quotes_the_test_id_for_the_shell(tmp_path):
     nodeid = "tests/x.py::test_api[it's $HOME]"
     session = {"tool": "catalogue", "api_checks": [{"api": "torch.exp", "dtype": "float16", "pert_mode": "add_noise",
@@ -383,22 +520,6 @@ def test_the_reproduce_command_quotes_the_test_id_for_the_shell(tmp_path):
     import shlex
 
     assert _html.escape(f"pytest {shlex.quote(nodeid)}") in page.replace("<wbr>", "")
-
-
-def test_a_clean_run_shows_how_close_each_api_came(tmp_path):
-    apis = {"Functional.gelu": {"checked": 4, "flagged": 0, "worst_max_rel": None, "worst_score": 0.25,
-                                "dtypes": ["bfloat16"]},
-            "Torch.exp": {"checked": 2, "flagged": 0, "worst_max_rel": None, "worst_score": 0.8, "dtypes": ["float16"]},
-            "Torch.add": {"checked": 1, "flagged": 0, "worst_max_rel": None}}  # an older summary: no score
-    page = render_html({"tool": "free_benchmark", "apis": apis, "tests": {"t::a": {"outcome": "passed"}}},
-                       tmp_path / "report.html").read_text(encoding="utf-8")
-    sec = section(page, "apis")
-    assert "<details open>" in sec and "closest first" in sec
-    names = [a.replace("<wbr>", "") for a in re.findall(r"<tr><td><code>(.*?)</code>", sec)]
-    assert names == ["Torch.exp", "Functional.gelu", "Torch.add"]
-    assert "0.8\u00d7" in sec and "0.25\u00d7" in sec
-    # one plot of every API's margin against its threshold, also when nothing is flagged
-    assert len(decoded_pngs(sec)) == 1 and 'alt="worst error per API relative to its threshold"' in sec
 
 
 def test_the_config_chips_show_fuzz_device_only_where_it_matters(tmp_path):

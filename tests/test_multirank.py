@@ -24,6 +24,7 @@ import pytest
 
 from probes import GradComparator
 from probes.core.errors import ConfigError
+from probes.free_benchmark.service import ApiStats
 from probes.grad_probe.comparator import MISSING_A, MISSING_B, RANK_OK
 from pytest_msprobe.distributed import RankJobError, free_port, run_ranks
 from pytest_msprobe.reports.ranks import MERGED_NAME, REPORT_NAME, describe, merge_ranks
@@ -273,8 +274,11 @@ def test_fixture_runs_ranks_and_returns_the_merged_report(msprobe_distributed):
 # ------------------------------------------------------------------------------------ merge, offline
 def _fb_summary(rank: int, rows: list[tuple[int, str, float]]) -> dict:
     return {"tool": "free_benchmark", "framework": "pytorch", "rank": rank, "config": {"rank": []},
-            "apis": {"Torch.x": {"checked": 3, "flagged": len(rows), "worst_max_rel": max((r[2] for r in rows), default=None),
-                                 "threshold": 0.002, "first_flagged": rows[0][1] if rows else None, "dtypes": []}},
+            # the tool's own per-API record, so the merge reads what free_benchmark writes
+            "apis": {"Torch.x": ApiStats(calls=3, checked=3, flagged=len(rows),
+                                         worst_max_rel=max((r[2] for r in rows), default=None), threshold=0.002,
+                                         first_flagged=rows[0][1] if rows else None).to_dict()},
+            "not_checked": {},
             "flagged": [{"rank": rank, "pert_mode": "improve_precision", "stage": "forward", "step": s, "api_name": n,
                          "max_rel": m, "dtype": "torch.float16", "shape": "torch.Size([8])", "output_index": "",
                          "api": "Torch.x", "threshold": 0.002, "figure": m / 0.002, "detail": {"csv": f"r{rank}.csv"}}

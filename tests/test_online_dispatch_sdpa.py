@@ -12,7 +12,6 @@ them with the accelerators' output layouts.
 from __future__ import annotations
 
 import contextlib
-import csv
 import json
 import warnings
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from dispatch_files import read_rows, summary
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from probes.online_dispatch import reference, skip_list
@@ -35,16 +35,6 @@ FLASH_CPU_BACKWARD = "_scaled_dot_product_flash_attention_for_cpu_backward"
 
 
 # helpers ------------------------------------------------------------------------------------------
-def read_rows(run_dir: Path) -> list[dict[str, str]]:
-    (path,) = run_dir.glob("compare_result_rank*.csv")
-    with open(path, encoding="utf-8-sig", newline="") as fh:
-        return list(csv.DictReader(fh))
-
-
-def summary(run_dir: Path) -> dict:
-    return json.loads((run_dir / "summary.json").read_text())
-
-
 def output_rows(run_dir: Path, op: str) -> dict[str, dict[str, str]]:
     """The output rows of the op's calls, by name (``<op>_<n>_output.<i>``)."""
     return {r["NPU Name"]: r for r in read_rows(run_dir)

@@ -3,6 +3,7 @@ is compared with the CPU reference (float64 here); a seeded kernel defect fails 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -42,10 +43,20 @@ def test_after_open_block_no_dispatch_mode_is_left():
 '''
 
 
+MS_TEST = '''
+import mindspore as ms
+
+def test_mindspore_code():
+    ms.ops.exp(ms.Tensor([1.0]))
+'''
+
+
 @pytest.fixture
 def suite(pytester):
     pytester.makepyfile(test_od_suite=SUITE,
                         seeded_dispatch=(Path(__file__).parent / "seeded_dispatch.py").read_text())
+    if importlib.util.find_spec("mindspore") is not None:
+        pytester.makepyfile(test_od_ms=MS_TEST)
     pytester.syspathinsert()
     return pytester
 
@@ -54,17 +65,33 @@ def test_whole_suite_and_fixture(suite):
     dump = suite.path / "out"
     result = suite.runpytest_subprocess("-p", "no:cacheprovider", "--msprobe-task=online_dispatch",
                                         f"--msprobe-dump-path={dump}")
-    result.assert_outcomes(passed=3, failed=2)
+    mindspore = (suite.path / "test_od_ms.py").exists()
+    result.assert_outcomes(passed=3 + mindspore, failed=2)
     result.stdout.fnmatch_lines([
         "*online_dispatch found 1 failing op call(s) in test_od_suite.py::test_defective_kernel*",
         "*seeded_dispatch.scaled_tanh.default*Cosine*MaxAbsErr*",
         "*evidence: *compare_result_rank0_*.csv*",
         "*msprobe online_dispatch: ops that disagree with the CPU reference*",
         "seeded_dispatch.scaled_tanh.default *1 *",
+        "* op calls compared in * test(s) under the probe",
     ])
     out = result.stdout.str()
     assert "online_dispatch found 1 failing op call(s) in test_od_suite.py::test_fixture [online_dispatch1]" in out
     summary = json.loads((dump / "summary.json").read_text())
     assert summary["tool"] == "online_dispatch"
-    assert list(summary["ops"]) == ["seeded_dispatch.scaled_tanh.default"]
+    assert [op for op, row in summary["ops"].items() if row["failed"]] == ["seeded_dispatch.scaled_tanh.default"]
+    assert len(summary["ops"]) > 3  # every compared op is listed, the clean ones too
     assert summary["tests"]["test_od_suite.py::test_clean_mlp"]["failing_ops"] == []
+    # the session's total is every test's op calls compared, shown in the terminal and the report
+    compared = summary["probe"]["checked"]
+    assert compared == sum(t["checked"] for t in summary["tests"].values()) > 10
+    assert f"{compared} op calls compared in " in out
+    page = (dump / "report.html").read_text(encoding="utf-8")
+    assert f"({compared} calls compared" in page and "no op was compared" not in page
+    if mindspore:  # a test that ran but gave the probe nothing: named, with why
+        ms_test = "test_od_ms.py::test_mindspore_code"
+        why = "a MindSpore test: online_dispatch compares PyTorch's aten ops only"
+        assert summary["probe"]["nothing_checked"] == {ms_test: why}
+        assert summary["tests"][ms_test]["outcome"] == "passed"
+        assert f"  {ms_test}: {why}" in out and "1 test(s) ran under the probe but gave it nothing to check" in out
+        assert "gave the probe nothing to check" in page and ms_test in page.replace("<wbr>", "")

@@ -103,14 +103,38 @@ def test_it_prints_what_readme_says(main_job):
 
 def test_it_writes_the_files_readme_names_and_they_count_what_pytest_counted(main_job):
     text, out, summary = main_job
-    _readme_phrase(r"writes the CSVs, `summary.json` and `report.html` under `.msprobe/`")
-    assert list(out.rglob("free_benchmark.csv"))
+    _readme_phrase(r"writes `summary.json` and `report.html` under `.msprobe/`: every API checked, with its calls "
+                   r"and how close it came to its threshold; a test with an inconsistent call also gets a "
+                   r"`free_benchmark.csv` of its rows")
+    checked = {api: row for api, row in summary["apis"].items() if row["checked"]}
+    assert checked and all(row["calls"] >= row["checked"] and row["worst_score"] is not None for row in checked.values())
+    csvs = {p.resolve() for p in out.rglob("free_benchmark.csv")}
+    flagged = [t for t in summary["tests"].values() if t["flagged_apis"]]
+    assert all(Path(f).resolve() in csvs for t in flagged for f in t["csv_files"]) and all(t["csv_files"] for t in flagged)
     counts = _pytest_counts(text)
     assert summary["session"]["tests"] == sum(counts.values())
     assert summary["session"]["passed"] == counts["passed"]
     page = (out / "report.html").read_text(encoding="utf-8")
     cards = {label: int(n) for n, label in re.findall(r'<div class="num">(\d+)</div><div>([^<]+)</div>', page)}
     assert cards["tests"] == sum(counts.values()) and cards["passed"] == counts["passed"]
+
+
+def test_readmes_notebook_lines_show_every_api(main_job):
+    """README's notebook block, run on the main job's folder: the per-API table has every API the
+    session checked, a clean run included; free_benchmark.csv's rows are the inconsistent calls."""
+    from probes.results import load
+
+    _, out, summary = main_job
+    block = README.split("**Read the results in a notebook:**", 1)[1].split("```python", 1)[1].split("```", 1)[0]
+    lines = [ln.split("#", 1)[0].strip() for ln in block.strip().splitlines() if ln.strip()]
+    assert lines[0] == 'from probes.results import load' and lines[1] == 'res = load(".msprobe")'
+    res = load(out)
+    table = eval(lines[2], {"res": res})  # noqa: S307 - README's own line
+    assert set(table["api"]) == set(summary["apis"]) and len(table) == len(summary["apis"])
+    assert table["worst_score"].notna().sum() == sum(r["worst_score"] is not None for r in summary["apis"].values())
+    worst = eval(lines[3], {"res": res})  # noqa: S307
+    flagged = {api for t in summary["tests"].values() for api in t["flagged_apis"]}
+    assert set(worst.index) >= flagged
 
 
 def test_probes_summary_says_what_the_report_says(main_job):

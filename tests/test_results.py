@@ -42,11 +42,14 @@ def test_free_benchmark_rows_of_every_step(tmp_path, monkeypatch):
     assert fb["api_name"].str.startswith("Torch.softmax").all()
     assert (fb["max_rel"] > 0.004).all() and fb["max_rel"].dtype == float
     assert (fb["test"] == "").all()
-    assert res.online_dispatch.empty and list(res.grad_stats.columns) == GRAD_STATS_COLUMNS
+    assert res.online_dispatch.empty and list(res.grad_stats.columns) == [*GRAD_STATS_COLUMNS, "session"]
     # one group per API, whatever its calls and steps
     assert list(fb.groupby("api")["max_rel"].max().index) == ["Torch.softmax"]
     assert set(fb["call"]) == {0} or fb["call"].notna().all()
     assert (fb["api"] + "." + fb["call"].astype(str) + "." + fb["stage"] == fb["api_name"]).all()
+    # a training script's dump: the per-API table from the tool's own summary.json
+    assert list(res.apis["api"]) == ["Torch.softmax"] and res.apis["flagged"].tolist() == [3]
+    assert res.apis["tests"].tolist() == [["rank0"]] and res.apis["worst_score"].iloc[0] > 1
 
 
 def test_grad_stats_long_format_and_similarities(tmp_path):
@@ -54,7 +57,7 @@ def test_grad_stats_long_format_and_similarities(tmp_path):
     grad_run(tmp_path / "b", steps=3, flip_from_step=1)  # a run whose last layer's gradients turn
     res = load(tmp_path / "a")
     g = res.grad_stats
-    assert list(g.columns) == GRAD_STATS_COLUMNS
+    assert list(g.columns) == [*GRAD_STATS_COLUMNS, "session"] and set(g["session"]) == {""}  # no pytest session
     assert set(g["step"]) == {0, 1, 2} and set(g["rank"]) == {0}
     assert set(g["param"]) == {"0.weight", "0.bias", "2.weight", "2.bias"}
     assert {"max", "min", "norm"} <= set(g["stat"])
@@ -62,7 +65,7 @@ def test_grad_stats_long_format_and_similarities(tmp_path):
     assert len(norms) == 3 and (norms > 0).all()
     assert cli(["grad-compare", str(tmp_path / "a"), str(tmp_path / "b"), str(tmp_path / "cmp"), "--no-plots"]) in (0, 1)
     sims = load(tmp_path / "cmp").grad_similarities
-    assert list(sims.columns) == SIMILARITY_COLUMNS and len(sims)
+    assert list(sims.columns) == [*SIMILARITY_COLUMNS, "session"] and len(sims)
     assert sims["similarity"].between(-1.0, 1.0).all() and "summary" in set(sims["param"])
 
 
@@ -102,8 +105,14 @@ def naive_expm1(x):  # cancellation for small |x| in half precision
     res = load(pytester.path / "out")
     fb = res.free_benchmark
     assert set(fb["test"]) == {"test_two.py::test_a", "test_two.py::test_b"}
-    assert fb["api_name"].str.startswith("Torch.expm1").all()
+    assert fb["api_name"].str.startswith("Torch.expm1").all() and set(fb["session"]) == {"latest"}
     assert "summary.json" in res.summaries and res.summaries["summary.json"]["tool"] == "free_benchmark"
+    # the session's per-API table: every API it saw, flagged or not (free_benchmark.csv has flagged rows only)
+    apis = res.apis.set_index("api")
+    assert {"Torch.expm1", "Torch.linspace"} <= set(apis.index) and len(apis) > fb["api"].nunique()
+    assert apis.loc["Torch.expm1", "flagged"] == 2 and apis.loc["Torch.expm1", "worst_score"] > 1
+    assert apis.loc["Torch.expm1", "tests"] == ["test_two.py::test_a", "test_two.py::test_b"]
+    assert res.ops.empty and list(res.ops.columns)[:3] == ["op", "compared", "failed"]
 
 
 def test_empty_or_missing_directories(tmp_path):
@@ -112,7 +121,8 @@ def test_empty_or_missing_directories(tmp_path):
     assert {"api", "dtype", "max_ulp", "status"} <= set(res.catalogue.columns)
     assert {"api", "call", "api_name", "max_rel"} <= set(res.free_benchmark.columns)
     text = repr(res)
-    assert len(text.splitlines()) == 7 and ".catalogue" in text and "0 rows" in text
+    assert len(text.splitlines()) == 10 and ".catalogue" in text and ".apis" in text and "0 rows" in text
+    assert {"api", "calls", "checked", "worst_score", "dtypes", "tests"} <= set(res.apis.columns)
     with pytest.raises(ConfigError, match="a directory holding probe results"):
         load(tmp_path / "nope")
     assert folder_of_test("tests/test_x.py::test_y[a-b]") == "tests_test_x.py_test_y_a-b"
@@ -167,6 +177,6 @@ def test_summary_says_what_the_latest_session_found(tmp_path, capsys):
     assert "torch.nn.functional.gelu [float32, add_noise]: max_rel 0.001 > 0.0002" in out
     assert "Torch.exp: 2 inconsistent calls, worst max_rel 0.02" in out  # calls, not rows
     assert "Functional.gelu:" not in out and "Torch.log" not in out
-    assert "30 rows of the per-API checks' Hypothesis searches" in out and "1 of tests of earlier sessions" in out
+    assert "30 rows of the per-API checks' Hypothesis searches" in out and "1 rows of earlier sessions" in out
     catalogue = out.split("catalogue: 2 API x dtype: ", 1)[1]
     assert catalogue.startswith("1 regressed, 1 accepted") and "Torch.mm float32: regressed" in catalogue

@@ -596,3 +596,50 @@ def test_a_function_scripted_under_the_probe_compiles_and_runs(tmp_path):
 
     assert all(id(m.wrapper) not in _builtins._get_builtin_table() for m in PrecisionDebugger(
         config=_config(tmp_path / "after"))._tool.patcher.metas if m.wrapper is not None)
+
+
+def test_a_call_whose_copies_would_not_fit_is_skipped_with_the_reason(tmp_path, monkeypatch):
+    """Re-running a call, or copying it to a float64 reference, holds its tensors again: where the
+    memory left is too small the call is skipped (a test near the machine's memory would otherwise
+    be killed with its whole session)."""
+    from probes.backends import torch_memory
+
+    monkeypatch.setattr(torch_memory, "SMALL_BYTES", 1 << 10)
+    monkeypatch.setattr(torch_memory, "available_bytes", lambda device: 8 << 10)
+    x = torch.randn(64, 64)  # 16 KiB: two copies (32 KiB) exceed half of the 8 KiB left
+    small = torch.randn(8)
+    out, summary = _probed(tmp_path, lambda: (torch.tanh(x), torch.exp(small)))
+    assert torch.equal(out[0], torch.tanh(x))
+    assert summary["apis"]["Torch.exp"]["checked"] == 1
+    assert any("memory left" in r and "Torch.tanh" in u for r, u in summary["not_checked"].items())
+    _out, od = _dispatched(tmp_path, lambda: (torch.tanh(x), torch.exp(small)))
+    assert any("memory left" in r and "aten.tanh.default" in u for r, u in od["skipped"].items())
+    assert od["ops_compared"] == 1
+
+
+def test_online_dispatch_steps_aside_while_jit_traces(tmp_path):
+    def f(a):
+        return a.reshape(a.shape[0], -1) * 2
+
+    x = torch.randn(2, 3, 4)
+    traced, summary = _dispatched(tmp_path, lambda: torch.jit.trace(f, x))
+    assert torch.equal(traced(x), f(x))
+    assert any("torch.jit.trace" in r for r in summary["skipped"])
+    assert torch.jit.trace.__module__ == "torch.jit._trace"  # put back
+
+
+def test_a_program_compiled_after_the_probe_is_not_broken_by_it(tmp_path):
+    """Dynamo builds its table of in-graph torch functions once, from what torch's names hold
+    then: built during a probed test, it held the wrappers, and a later fullgraph compile of
+    torch.einsum failed. The table is rebuilt around torch's own functions when the probe stops."""
+    from torch._dynamo import trace_rules
+
+    trace_rules.get_torch_obj_rule_map.cache_clear()
+    torch._dynamo.reset()
+    w = torch.randn(5, 3)
+    _out, _summary = _probed(tmp_path, lambda: torch.compile(lambda a: a @ w + 1, backend="eager")(torch.randn(4, 5)))
+    torch._dynamo.reset()
+    einsum = torch.compile(lambda a: torch.einsum("ij,jk->ik", a, w), fullgraph=True, backend="eager")
+    x = torch.randn(4, 5)
+    assert torch.allclose(einsum(x), x @ w)
+    assert trace_rules.get_torch_obj_rule_map().get(torch.einsum) is not None

@@ -110,6 +110,10 @@ class BackendDefaults:
         """Why the backward stage cannot recompute this call's gradients (its inputs' layout), or None."""
         return None
 
+    def copies_too_large(self, *trees: Any) -> str | None:
+        """Why a re-run with copies of these tensors would not fit in the memory left, or None."""
+        return None
+
     def is_complex(self, t: Any) -> bool:
         """A complex tensor: perturbed and compared through its real and imaginary parts."""
         return False

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 from typing import Any
 
 import torch
@@ -173,6 +174,22 @@ def _npu_entries() -> list[ApiMeta]:
     return _module_entries(torch_npu, "NPU", "", names)
 
 
+def _dynamo_rules(build: bool) -> dict | None:
+    """Dynamo's table of torch objects it puts in the graph (built once per process, from the
+    objects torch's names hold at that moment). Built while the wrappers are installed, it would
+    hold them instead of torch's functions, and every later compiled program would break its graph
+    at torch.einsum and the like, long after the probe stopped: `build` makes it first (only when
+    Dynamo is already imported: the probe does not import it)."""
+    if "torch._dynamo" not in sys.modules:
+        return None
+    from torch._dynamo import trace_rules
+
+    cached = trace_rules.get_torch_obj_rule_map
+    if not build and not cached.cache_info().currsize:
+        return None
+    return cached()
+
+
 class TorchApiPatcher(ApiPatcher):
     """ApiPatcher that also tells the probe when a torch.optim optimizer step runs (global step
     pre/post hooks, installed and removed with the wrappers): the probe leaves those calls out
@@ -185,8 +202,10 @@ class TorchApiPatcher(ApiPatcher):
         self._hooks: tuple[Any, ...] = ()
 
     def install(self, handler: Any) -> None:
+        _dynamo_rules(build=True)  # before the wrappers replace the objects Dynamo's rules name
         super().install(handler)
         self._script_transparent()
+        self._script_view(True)
         if self._window is None:
             return
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
@@ -194,6 +213,31 @@ class TorchApiPatcher(ApiPatcher):
         window = self._window
         self._hooks = (register_optimizer_step_pre_hook(lambda *_: window.optimizer_step(True)),
                        register_optimizer_step_post_hook(lambda *_: window.optimizer_step(False)))
+
+    def _script_view(self, on: bool) -> None:
+        """TorchScript resolves a Python-level function (F.pad, F.max_pool2d) through Python
+        hooks: it would compile the wrapper's source lookup with the wrapper's globals, or miss the
+        function's boolean dispatch. While installed, those hooks are handed torch's own function."""
+        from torch import _jit_internal
+        from torch.jit import _recursive
+
+        if not on:
+            for owner, name, value in getattr(self, "_script_hooks", ()):
+                setattr(owner, name, value)
+            self._script_hooks = ()
+            return
+        originals = {id(m.wrapper): m.original for m in self.metas if m.wrapper is not None}
+
+        def seen_through(hook: Any) -> Any:
+            def hooked(obj: Any, *rest: Any, **kw: Any) -> Any:
+                return hook(originals.get(id(obj), obj), *rest, **kw)
+
+            return hooked
+
+        self._script_hooks = tuple((owner, name, getattr(owner, name)) for owner, name in (
+            (_recursive, "try_compile_fn"), (_jit_internal, "_try_get_dispatched_fn")) if hasattr(owner, name))
+        for owner, name, value in self._script_hooks:
+            setattr(owner, name, seen_through(value))
 
     def _script_transparent(self) -> None:
         """TorchScript maps torch's builtin functions to their aten ops by identity: a function
@@ -211,6 +255,7 @@ class TorchApiPatcher(ApiPatcher):
                 self._scripted.append(id(meta.wrapper))
 
     def uninstall(self) -> None:
+        self._script_view(False)
         if getattr(self, "_scripted", None):
             from torch.jit import _builtins
 
@@ -221,6 +266,11 @@ class TorchApiPatcher(ApiPatcher):
         for hook in self._hooks:
             hook.remove()
         self._hooks = ()
+        rules = _dynamo_rules(build=False)
+        if rules is not None:  # built while the wrappers were installed: keyed by them, not by torch's objects
+            for meta in self.metas:
+                if meta.wrapper is not None and meta.wrapper in rules:
+                    rules.setdefault(meta.original, rules.pop(meta.wrapper))
         if self._window is not None:
             self._window.optimizer_step(None)
         super().uninstall()

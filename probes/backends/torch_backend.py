@@ -7,9 +7,10 @@ from typing import Any
 
 import torch
 
-from probes.backends import torch_autodiff, torch_leaves, torch_xp
+from probes.backends import torch_autodiff, torch_leaves, torch_memory, torch_xp
 from probes.backends.base import BackendDefaults
 from probes.core import metrics
+from probes.core.trees import iter_leaves
 
 try:  # array-api-compat gives the torch namespace the core's formulas are written against
     import array_api_compat.torch as _xp_torch
@@ -114,6 +115,15 @@ class TorchBackend(BackendDefaults):
 
     def in_transform(self) -> bool:
         return torch_leaves.in_transform()
+
+    def copies_too_large(self, *trees: Any) -> str | None:
+        """A re-run holds about twice the call's tensors again (a raised dtype, the perturbed
+        output, the figures' temporaries)."""
+        tensors = [leaf for tree in trees for _p, leaf in iter_leaves(tree) if isinstance(leaf, torch.Tensor)]
+        need = 2 * torch_memory.tensor_bytes(tensors)
+        if need < torch_memory.SMALL_BYTES or not tensors:
+            return None
+        return torch_memory.too_large(need, tensors[0].device)
 
     def backward_reason(self, args: tuple, kwargs: dict) -> str | None:
         return torch_leaves.backward_reason(args, kwargs)

@@ -304,6 +304,10 @@ class FreeBenchmarkProbe:
     def _check(self, call: Checked) -> None:
         b = self.backend
         meta, name, stats, original, args, kwargs, out, snapshot, sampled = call
+        too_large = b.copies_too_large(args, kwargs, out)
+        if too_large is not None:
+            self._skip(meta.key, too_large)
+            return
         if meta.mutates_inputs:
             args, kwargs = tree_map(_cloner(b), args), tree_map(_cloner(b), kwargs)
         pert = self.perturbation.build(args, kwargs)

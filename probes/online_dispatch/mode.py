@@ -16,6 +16,7 @@ context exits, so the CSV is the same as inline. Otherwise they run inline, righ
 
 from __future__ import annotations
 
+import functools
 import linecache
 import logging
 import os
@@ -26,7 +27,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from probes.backends import npu_references
+from probes.backends import npu_references, torch_memory
 from probes.backends.torch_backend import BACKEND
 from probes.compiled import capture
 from probes.compiled import runs as graph_runs
@@ -51,6 +52,29 @@ _TORCH_DIR = os.path.dirname(torch.__file__)
 _PROBES_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+
+
+def _aside_while_jit_tracing(mode: Any) -> tuple[tuple[str, Any], ...]:
+    """torch.jit.trace records different graphs when a dispatch mode is active (shapes become
+    constants, then its own check fails): while the mode is entered, torch.jit.trace and
+    trace_module run with the dispatch modes off, and each trace is counted under its reason.
+    Returns the replaced attributes, put back when the mode exits."""
+    saved = []
+    for name in ("trace", "trace_module"):
+        original = getattr(torch.jit, name, None)
+        if original is None:
+            continue
+
+        def aside(*args: Any, __original: Any = original, **kwargs: Any) -> Any:
+            key = (skip_list.JIT_TRACE, "torch.jit.trace")
+            mode.results.skipped[key] = mode.results.skipped.get(key, 0) + 1
+            with _disable_current_modes():
+                return __original(*args, **kwargs)
+
+        functools.update_wrapper(aside, original)
+        saved.append((name, original))
+        setattr(torch.jit, name, aside)
+    return tuple(saved)
 
 # subclasses that run only under their own mode (a tracer's): they cannot take an op back, and
 # have no values to compare
@@ -189,6 +213,7 @@ class OnlineDispatchMode(TorchDispatchMode):
             self._start_thread()
         if self._depth == 0:
             capture.install(self)
+            self._jit_trace = _aside_while_jit_tracing(self)
         self._depth += 1
         return super().__enter__()
 
@@ -199,6 +224,9 @@ class OnlineDispatchMode(TorchDispatchMode):
             self._depth -= 1
             if self._depth == 0:
                 capture.uninstall(self)
+                for name, value in getattr(self, "_jit_trace", ()):
+                    setattr(torch.jit, name, value)
+                self._jit_trace = ()
                 if self._threaded:
                     self.close()  # a thread is cheap to start again; no idle thread outlives the context
                 else:
@@ -350,6 +378,11 @@ class OnlineDispatchMode(TorchDispatchMode):
     def _check(self, func: Any, info: _OpInfo, device: torch.device, args: tuple, kwargs: dict,
                float64: bool = False) -> Any:
         results = self.results
+        too_large = torch_memory.too_large(2 * reference.input_bytes(args, kwargs), reference.CPU)
+        if too_large is not None:
+            key = (skip_list.TOO_LARGE, func)
+            results.skipped[key] = results.skipped.get(key, 0) + 1
+            return func(*args, **kwargs)
         try:
             # the probe's own operators (copies, the reference, figures) run with every other
             # mode off: a user's mode outside this one (FlopCounterMode, a logger) and a tracer
@@ -435,6 +468,7 @@ class OnlineDispatchMode(TorchDispatchMode):
             results.skipped[key] = results.skipped.get(key, 0) + 1
             return
         results.ops_compared += 1
+        results.compared_by_op[str(job.func)] += 1
         results.devices[job.device.type] = results.devices.get(job.device.type, 0) + 1
         name = f"{job.prefix}_output" if job.prefix is not None else f"{job.info.api}_output"
         if isinstance(figures, _ReferenceFailed):

@@ -76,6 +76,23 @@ def plain_strided(args: tuple, kwargs: dict) -> bool:
     return True
 
 
+def input_bytes(args: tuple, kwargs: dict) -> int:
+    """Bytes of the call's dense tensor arguments (what the reference copies, before widening)."""
+    from probes.backends.torch_memory import tensor_bytes
+
+    stack: list[Any] = [args, kwargs]
+    found = []
+    while stack:
+        x = stack.pop()
+        if isinstance(x, torch.Tensor):
+            found.append(x)
+        elif isinstance(x, (list, tuple)):
+            stack.extend(x)
+        elif isinstance(x, dict):
+            stack.extend(x.values())
+    return tensor_bytes(found)
+
+
 @dataclass
 class ReferenceCall:
     """The CPU arguments of the re-run and, for in-place ops that may be dumped, a pristine copy

@@ -115,6 +115,7 @@ class RunResults:
     config: dict[str, Any]
     csv: CsvAppender = field(init=False)
     ops_compared: int = 0
+    compared_by_op: Counter = field(default_factory=Counter)  # op overload name -> calls compared
     rows_written: int = 0
     accuracy_counts: Counter = field(default_factory=Counter)
     failed_rules: Counter = field(default_factory=Counter)  # FailedRule -> output rows
@@ -168,6 +169,7 @@ class RunResults:
             "csv": self.csv_path.name,
             "devices": dict(self.devices),
             "ops_compared": self.ops_compared,
+            "ops_compared_by_op": dict(self.compared_by_op),
             "rows": self.rows_written,
             "accuracy": dict(self.accuracy_counts),
             "failed_rules": dict(self.failed_rules),

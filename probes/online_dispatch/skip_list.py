@@ -32,6 +32,9 @@ HOST_SYNC = "host sync or assertion (item, _local_scalar_dense, _assert_*)"
 DEVICE_QUERY = "asks about the device or backend: the CPU's answer differs by design"
 # Decided per call rather than per overload:
 NO_TENSOR = "called without tensors"
+TOO_LARGE = "too large for the host memory left: its float64 reference copies would not fit"
+JIT_TRACE = ("torch.jit.trace: the dispatch modes step aside while it traces (a mode changes the graph it "
+             "records), so its ops are not compared")
 THROUGH_SUBCLASS = "tensor subclass: compared through the operators its __torch_dispatch__ runs on plain tensors"
 UNSUPPORTED_TENSOR = "tensor subclass, meta, sparse or other non-strided tensors"
 NO_CPU_KERNEL = "the reference run failed on the CPU (first failure recorded in the CSV)"

@@ -3,9 +3,10 @@ JSON-able dictionaries that xdist workers send back)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Mapping
 from typing import Any
 
+from pytest_msprobe.reports.tables import ParamRow
 from pytest_msprobe.reports.text import text_table
 
 NONFINITE_KEPT = 50
@@ -48,29 +49,14 @@ def failure_message(nodeid: str, result: dict[str, Any], limit: int = 10) -> str
     return "\n".join(lines)
 
 
-def merge(per_test: Iterable[tuple[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    """Per-parameter session table: tests that monitored it are not known per parameter, so the
-    table lists the parameters that went non-finite, with the tests affected."""
-    table: dict[str, dict[str, Any]] = {}
-    for nodeid, r in per_test:
-        for f in r["nonfinite"]:
-            t = table.setdefault(f["param"], {"nonfinite_steps": 0, "first": None, "tests": []})
-            t["nonfinite_steps"] += 1
-            if t["first"] is None:
-                t["first"] = f"step {f['step']}: " + ", ".join(f"{k} {v}" for k, v in f["figures"].items())
-            if nodeid not in t["tests"]:
-                t["tests"].append(nodeid)
-    return table
-
-
-def table_lines(table: dict[str, dict[str, Any]], results: list[tuple[str, dict[str, Any]]]) -> list[str]:
+def table_lines(table: Mapping[str, ParamRow], results: list[tuple[str, dict[str, Any]]]) -> list[str]:
     optimizers = sum(len(r["optimizers"]) for _, r in results)
     param_steps = sum(o["params"] * o["steps_written"] for _, r in results for o in r["optimizers"])
     if not table:
         return [f"all gradients finite: {optimizers} optimizer(s), {param_steps} parameter-steps checked "
                 f"in {len(results)} test(s)"]
     header = ("parameter", "non-finite steps", "first", "tests affected")
-    rows = [(p, str(t["nonfinite_steps"]), t["first"], str(len(t["tests"])))
-            for p, t in sorted(table.items(), key=lambda kv: (-kv[1]["nonfinite_steps"], kv[0]))]
+    rows = [(p, str(t.nonfinite_steps), t.first, str(len(t.tests)))
+            for p, t in sorted(table.items(), key=lambda kv: (-kv[1].nonfinite_steps, kv[0]))]
     return (text_table(header, rows)
             + [f"{optimizers} optimizer(s), {param_steps} parameter-steps checked in {len(results)} test(s)"])

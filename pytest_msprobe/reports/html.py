@@ -39,6 +39,15 @@ from probes.core.number_format import short_number
 from probes.core.thresholds import DIRECTION_FIRST_STEP_MIN, DIRECTION_MAX_DROP
 from probes.core.writers import write_text_atomic
 from probes.grad_probe.direction_rule import SUMMARY_ROW, Flag, flag_series
+from pytest_msprobe.reports.tables import (
+    CHECKED_LABELS,
+    ApiRow,
+    OpRow,
+    ParamRow,
+    ProbeAccount,
+    ProbeError,
+    read_table,
+)
 
 # Bounds that keep a report of a huge suite readable and small; what is left out is counted.
 PLOT_MAX_BARS = 40
@@ -93,16 +102,19 @@ def render_html(session: Mapping[str, Any], out_path: str | os.PathLike[str]) ->
     # what the per-"test" entries are: pytest tests, or the ranks of a merged multi-rank run
     unit = str(session.get("unit") or "test")
     parts = [_header(session, tool, tests, unit)]
+    account = ProbeAccount.from_dict("probe", session["probe"]) if "probe" in session else None
+    checked = account.checked if account is not None else None
     sections = {  # per tool: (summary key, section builder)
-        "free_benchmark": [("apis", lambda d: _apis_section(d, bool(tests), unit))],
-        "grad_probe": [("params", lambda d: _params_section(d, bool(tests), unit)),
-                       ("similarities", _similarities_section)],
-        "online_dispatch": [("ops", lambda d: _ops_section(d, bool(tests), unit))],
+        "free_benchmark": [("apis", lambda d: _apis_section(read_table(ApiRow, d), bool(tests), unit))],
+        "grad_probe": [("params", lambda d: _params_section(read_table(ParamRow, d), bool(tests), unit)),
+                       ("similarities", lambda d: _similarities_section(_mapping(d)))],
+        "online_dispatch": [("ops", lambda d: _ops_section(read_table(OpRow, d), bool(tests), unit,
+                                                           checked if tool == "online_dispatch" else None))],
     }
     for owner in [tool] + [t for t in TASKS if t != tool]:  # the session's own tool first
         for key, build in sections[owner]:
             if owner == tool or session.get(key):
-                parts.append(build(_mapping(session.get(key))))
+                parts.append(build(session.get(key)))
     if session.get("api_checks"):
         parts.append(_api_checks_section(session.get("api_checks")))
     if session.get("catalogue"):
@@ -110,6 +122,8 @@ def render_html(session: Mapping[str, Any], out_path: str | os.PathLike[str]) ->
     if any(_mapping(t).get("graphs") for t in tests.values()):
         parts.append(_graphs_section(tests, base))
     parts.append(_tests_section(tests, tool, base, unit))
+    if account is not None:
+        parts.append(_account_section(account, tool, unit))
     parts.append(_errors_section(tests, unit))
     return _write_doc(out, f"msprobe report: {tool}", parts)
 
@@ -492,6 +506,9 @@ def _header(session: Mapping[str, Any], tool: str, tests: Mapping[str, Any], uni
                 "bad" if any(_list(t.get(findings_key)) for t in entries) else "good"),
                ("with probe errors", sum(1 for t in entries if _list(t.get("errors"))),
                 "warn" if any(_list(t.get("errors")) for t in entries) else "")]
+    nothing = sum(1 for t in entries if t.get("nothing_checked"))
+    if nothing:
+        counts.append(("gave the probe nothing to check", nothing, "warn"))
     return _page_header(session, tool, _config_summary(_mapping(session.get("config")), tool) + _cards(counts))
 
 
@@ -542,9 +559,9 @@ def _config_summary(config: Mapping[str, Any], tool: str) -> str:
             f"<details><summary>full config</summary><pre>{full}</pre></details></div>")
 
 
-def _api_figure(s: Mapping[str, Any]) -> tuple[float | None, str, bool]:
+def _api_figure(s: ApiRow) -> tuple[float | None, str, bool]:
     """(worst max_rel / threshold, or None when off the scale; its text; beyond the threshold?)"""
-    worst, threshold = s.get("worst_max_rel"), s.get("threshold")
+    worst, threshold = s.worst_max_rel, s.threshold
     if not _finite(worst):
         return None, f"non-finite ({_fmt(worst)})", True
     if not (_finite(threshold) and threshold > 0):
@@ -553,18 +570,16 @@ def _api_figure(s: Mapping[str, Any]) -> tuple[float | None, str, bool]:
     return ratio, f"{_fmt(float(worst))}  ({ratio:.3g}\u00d7 threshold)", ratio > 1.0
 
 
-def _api_order(item: tuple[str, Mapping[str, Any]]) -> tuple[int, float, str]:
+def _api_order(item: tuple[str, ApiRow]) -> tuple[int, float, str]:
     ratio, _, _ = _api_figure(item[1])
     return (0 if ratio is None else 1, -(ratio or 0.0), item[0])
 
 
-def _apis_section(apis: Mapping[str, Any], ran: bool, unit: str = "test") -> str:
+def _apis_section(stats: Mapping[str, ApiRow], ran: bool, unit: str = "test") -> str:
     title = "<h2>free_benchmark: worst max_rel per API</h2>"
-    stats = {str(k): _mapping(v) for k, v in apis.items()}
-    risky = sorted(((k, s) for k, s in stats.items() if _int(s.get("flagged")) > 0 or
-                    s.get("worst_max_rel") is not None), key=_api_order)
-    clean = sorted(k for k, s in stats.items() if not (_int(s.get("flagged")) > 0 or s.get("worst_max_rel") is not None))
-    checked = sum(_int(s.get("checked")) for s in stats.values())
+    risky = sorted(((k, s) for k, s in stats.items() if s.flagged > 0 or s.worst_max_rel is not None), key=_api_order)
+    clean = sorted(k for k, s in stats.items() if not (s.flagged > 0 or s.worst_max_rel is not None))
+    checked = sum(s.checked for s in stats.values())
     if not stats:
         text = "Nothing flagged: no API was checked." if ran else f"No {unit} ran under the probe."
         return f'<section id="apis">{title}<p class="ok">{_e(text)}</p></section>'
@@ -583,12 +598,11 @@ def _apis_section(apis: Mapping[str, Any], ran: bool, unit: str = "test") -> str
         rows = []
         for api, s in risky[:TABLE_MAX_ROWS]:
             ratio, _, beyond = _api_figure(s)
-            tests = _list(s.get("tests"))
-            rows.append((_code(api), _e(_fmt(s.get("checked"))), _e(_fmt(s.get("flagged"))),
-                         f'<span class="{"bad" if beyond else ""}">{_e(_fmt(s.get("worst_max_rel")))}</span>',
-                         _e(_fmt(s.get("threshold"))), _e("\u2014" if ratio is None else f"{ratio:.3g}\u00d7"),
-                         _code(s.get("first_flagged") or "\u2014"),
-                         f"{len(tests)}<br>{_cell_list(tests, 2)}"))
+            rows.append((_code(api), _e(_fmt(s.checked)), _e(_fmt(s.flagged)),
+                         f'<span class="{"bad" if beyond else ""}">{_e(_fmt(s.worst_max_rel))}</span>',
+                         _e(_fmt(s.threshold)), _e("\u2014" if ratio is None else f"{ratio:.3g}\u00d7"),
+                         _code(s.first_flagged or "\u2014"),
+                         f"{len(s.tests)}<br>{_cell_list(s.tests, 2)}"))
         parts.append(_table(("API", "calls checked", "inconsistent", "worst max_rel", "threshold", "\u00d7 threshold",
                              "first flagged call", f"{unit}s affected"), rows, "wide"))
         parts.append(_more(len(risky) - TABLE_MAX_ROWS, "APIs"))
@@ -597,8 +611,12 @@ def _apis_section(apis: Mapping[str, Any], ran: bool, unit: str = "test") -> str
     return '<section id="apis">' + "".join(parts) + "</section>"
 
 
-def _worst_plot(risky: list[tuple[str, Mapping[str, Any]]], clean: list[str],
-                stats: Mapping[str, Mapping[str, Any]]) -> str:
+def _score(s: ApiRow) -> float:
+    """A clean API's closest approach (error / threshold), -1 where no call was checked."""
+    return float(s.worst_score) if _finite(s.worst_score) else -1.0
+
+
+def _worst_plot(risky: list[tuple[str, ApiRow]], clean: list[str], stats: Mapping[str, ApiRow]) -> str:
     """One plot of every API's worst figure against its threshold (1 on the axis): the flagged
     APIs' worst max_rel / threshold in red, then the clean APIs' closest approach in blue."""
     entries = []
@@ -606,8 +624,7 @@ def _worst_plot(risky: list[tuple[str, Mapping[str, Any]]], clean: list[str],
         ratio, text, beyond = _api_figure(s)
         entries.append((api, ratio, text, _RED if beyond else _BLUE))
     # an API whose outputs did not move at all (score 0) has no bar on a log axis: the table lists it
-    margins = [(a, float(stats[a]["worst_score"])) for a in clean
-               if _finite(stats[a].get("worst_score")) and float(stats[a]["worst_score"]) > 0]
+    margins = [(a, _score(stats[a])) for a in clean if _score(stats[a]) > 0]
     for api, score in sorted(margins, key=lambda am: (-am[1], am[0])):
         entries.append((api, score, f"{score:.3g}\u00d7 threshold", _BLUE))
     shown = entries[:PLOT_MAX_BARS]
@@ -623,31 +640,27 @@ def _worst_plot(risky: list[tuple[str, Mapping[str, Any]]], clean: list[str],
     return plot
 
 
-def _closest_table(clean: list[str], stats: Mapping[str, Mapping[str, Any]], open_: bool) -> str:
+def _closest_table(clean: list[str], stats: Mapping[str, ApiRow], open_: bool) -> str:
     """The APIs within their thresholds, closest first: how near each came (its largest error /
     threshold over every checked call), so a clean run still shows its margins."""
-    def score(api: str) -> float:
-        v = stats[api].get("worst_score")
-        return float(v) if _finite(v) else -1.0
-
-    ordered = sorted(clean, key=lambda a: (-score(a), a))
-    rows = [(_code(a), _e(_fmt(stats[a].get("checked"))),
-             _e("\u2014" if score(a) < 0 else f"{score(a):.3g}\u00d7"), _e(", ".join(map(str, _list(stats[a].get("dtypes"))))))
-            for a in ordered[:TABLE_MAX_ROWS]]
+    ordered = sorted(clean, key=lambda a: (-_score(stats[a]), a))
+    rows = [(_code(a), _e(_fmt(stats[a].checked)),
+             _e("\u2014" if _score(stats[a]) < 0 else f"{_score(stats[a]):.3g}\u00d7"),
+             _e(", ".join(map(str, stats[a].dtypes)))) for a in ordered[:TABLE_MAX_ROWS]]
     table = _table(("API", "calls checked", "closest: error / threshold", "dtypes"), rows)
-    return (f"<details{' open' if open_ else ''}><summary>{len(clean)} APIs checked and within their thresholds, "
-            f"closest first</summary>{table}{_more(len(clean) - TABLE_MAX_ROWS, 'APIs')}</details>")
+    never = sum(1 for a in clean if not stats[a].checked)
+    what = f"{len(clean)} APIs within their thresholds" + (f" ({never} seen but never checked)" if never else "")
+    return (f"<details{' open' if open_ else ''}><summary>{what}, closest first</summary>{table}"
+            f"{_more(len(clean) - TABLE_MAX_ROWS, 'APIs')}</details>")
 
 
-def _params_section(params: Mapping[str, Any], ran: bool, unit: str = "test") -> str:
+def _params_section(params: Mapping[str, ParamRow], ran: bool, unit: str = "test") -> str:
     title = "<h2>grad_probe: non-finite gradients</h2>"
     if not params:
         text = "Nothing flagged: every monitored gradient stayed finite." if ran else f"No {unit} ran under the probe."
         return f'<section id="params">{title}<p class="ok">{_e(text)}</p></section>'
-    items = sorted(((str(k), _mapping(v)) for k, v in params.items()),
-                   key=lambda kv: (-_int(kv[1].get("nonfinite_steps")), kv[0]))
-    rows = [(_code(p), _e(_fmt(t.get("nonfinite_steps"))), _e(t.get("first") or "\u2014"),
-             f"{len(_list(t.get('tests')))}<br>{_cell_list(_list(t.get('tests')), 2)}")
+    items = sorted(params.items(), key=lambda kv: (-kv[1].nonfinite_steps, kv[0]))
+    rows = [(_code(p), _e(_fmt(t.nonfinite_steps)), _e(t.first or "\u2014"), f"{len(t.tests)}<br>{_cell_list(t.tests, 2)}")
             for p, t in items[:TABLE_MAX_ROWS]]
     return (f'<section id="params">{title}<p>{len(items)} parameter(s) with non-finite gradients.</p>'
             + _table(("parameter", "non-finite steps", "first", f"{unit}s affected"), rows, "wide")
@@ -720,40 +733,53 @@ def _similarities_section(similarities: Mapping[str, Any]) -> str:
             + _more(len(figures) - SIMILARITY_MAX_PLOTS, "comparisons") + "</section>")
 
 
-def _cosine_figure(op: Mapping[str, Any]) -> tuple[float | None, str]:
-    cos, err = op.get("worst_cosine"), op.get("worst_max_abs_err")
+def _cosine_figure(op: OpRow) -> tuple[float | None, str]:
+    cos, err = op.worst_cosine, op.worst_max_abs_err
     text = f"cos {_fmt(cos)}, max abs err {_fmt(err)}"
     return (float(cos) if _finite(cos) else None), text
 
 
-def _ops_section(ops: Mapping[str, Any], ran: bool, unit: str = "test") -> str:
+def _ops_section(stats: Mapping[str, OpRow], ran: bool, unit: str = "test", compared: int | None = None) -> str:
+    """Every op compared, with its calls (the failing ones first, plotted), so a clean session
+    shows what it compared. ``compared``: the session's op calls compared (its account), which a
+    summary holds even where the tool did not count calls per op."""
     title = "<h2>online_dispatch: ops that disagree with the reference</h2>"
-    stats = {str(k): _mapping(v) for k, v in ops.items()}
-    failing = sorted(((k, s) for k, s in stats.items() if _int(s.get("failed")) > 0),
+    failing = sorted(((k, s) for k, s in stats.items() if s.failed > 0),
                      key=lambda kv: (_cosine_figure(kv[1])[0] is not None, _cosine_figure(kv[1])[0] or 0.0, kv[0]))
-    checked = sum(_int(s.get("checked")) for s in stats.values())
-    if not failing:
-        text = (f"Nothing flagged: {len(stats)} ops, {checked} calls compared, all within the rule."
-                if stats else ("Nothing flagged: no op was compared." if ran else f"No {unit} ran under the probe."))
+    per_op = bool(stats) and all(s.compared is not None for s in stats.values())
+    total = compared if compared is not None else sum(s.compared or 0 for s in stats.values())
+    unknown = "" if per_op else " (this online_dispatch does not count the calls of each op)"
+    if not stats and not total:
+        text = "Nothing flagged: no op was compared." if ran else f"No {unit} ran under the probe."
         return f'<section id="ops">{title}<p class="ok">{_e(text)}</p></section>'
-    parts = [title, f"<p>{len(failing)} of {len(stats)} ops failed the comparison ({checked} calls compared). "
-                    f"Rule: cosine &lt; {COS_THRESHOLD} with a large max abs error, or cosine &lt; {COS_MAX_THRESHOLD}, "
-                    "or a max abs error above its limit.</p>"]
-    entries = [(op, cos, text, _RED) for op, s in failing[:PLOT_MAX_BARS] for cos, text in [_cosine_figure(s)]]
-    parts.append(_hbar_plot(entries, xlabel="worst cosine similarity to the reference", log=False,
-                            lines=[(COS_THRESHOLD, "--", f"cosine {COS_THRESHOLD}"),
-                                   (COS_MAX_THRESHOLD, ":", f"cosine {COS_MAX_THRESHOLD}")],
-                            alt="worst cosine per failing op"))
-    if len(failing) > PLOT_MAX_BARS:
-        parts.append(f'<p class="muted">The plot shows the {PLOT_MAX_BARS} worst ops; '
-                     f"{len(failing) - PLOT_MAX_BARS} more are in the table.</p>")
-    rows = [(_code(op), _e(_fmt(s.get("checked"))), _e(_fmt(s.get("failed"))),
-             _e(_fmt(s.get("worst_cosine"))), _e(_fmt(s.get("worst_max_abs_err"))),
-             f"{len(_list(s.get('tests')))}<br>{_cell_list(_list(s.get('tests')), 2)}")
-            for op, s in failing[:TABLE_MAX_ROWS]]
-    parts.append(_table(("op", "calls compared", "failed", "worst cosine", "worst max abs err", f"{unit}s affected"),
-                        rows, "wide"))
-    parts.append(_more(len(failing) - TABLE_MAX_ROWS, "ops"))
+    parts = [title]
+    if not failing:
+        ops = f" ({len(stats)} ops)" if per_op else ""
+        parts.append(f'<p class="ok">{_e(f"Nothing flagged: {total} op calls compared{ops}, all within the rule{unknown}.")}</p>')
+    else:
+        parts.append(f"<p>{len(failing)} of {len(stats)} ops failed the comparison ({total} calls compared{_e(unknown)}). "
+                     f"Rule: cosine &lt; {COS_THRESHOLD} with a large max abs error, or cosine &lt; {COS_MAX_THRESHOLD}, "
+                     "or a max abs error above its limit.</p>")
+        entries = [(op, cos, text, _RED) for op, s in failing[:PLOT_MAX_BARS] for cos, text in [_cosine_figure(s)]]
+        parts.append(_hbar_plot(entries, xlabel="worst cosine similarity to the reference", log=False,
+                                lines=[(COS_THRESHOLD, "--", f"cosine {COS_THRESHOLD}"),
+                                       (COS_MAX_THRESHOLD, ":", f"cosine {COS_MAX_THRESHOLD}")],
+                                alt="worst cosine per failing op"))
+        if len(failing) > PLOT_MAX_BARS:
+            parts.append(f'<p class="muted">The plot shows the {PLOT_MAX_BARS} worst ops; '
+                         f"{len(failing) - PLOT_MAX_BARS} more are in the table.</p>")
+    clean = sorted(((k, s) for k, s in stats.items() if not s.failed), key=lambda kv: (-(kv[1].compared or 0), kv[0]))
+    rows = [(_code(op), _e(_fmt(s.compared)), _e(_fmt(s.failed)), _e(_fmt(s.worst_cosine)),
+             _e(_fmt(s.worst_max_abs_err)), f"{len(s.tests)}<br>{_cell_list(s.tests, 2)}")
+            for op, s in (failing + clean)[:TABLE_MAX_ROWS]]
+    if rows:
+        table = _table(("op", "calls compared", "failed", "worst cosine", "worst max abs err", f"{unit}s affected"),
+                       rows, "wide")
+        if failing:
+            parts.append(table)
+        else:
+            parts.append(f"<details><summary>{len(stats)} ops compared, most calls first</summary>{table}</details>")
+        parts.append(_more(len(failing) + len(clean) - TABLE_MAX_ROWS, "ops"))
     return '<section id="ops">' + "".join(parts) + "</section>"
 
 
@@ -820,8 +846,26 @@ def _anchor(nodeid: str) -> str:
 
 def _error_text(err: Any) -> str:
     if isinstance(err, Mapping):
-        return "; ".join(f"{k}: {v}" for k, v in err.items())
+        return ProbeError.from_dict("error", err).describe()
     return str(err)
+
+
+def _account_section(account: ProbeAccount, tool: str, unit: str) -> str:
+    """What the probe checked, what it left unchecked and why (the reasons in full), and the
+    tests that gave it nothing to check."""
+    parts = ["<h2>what the probe checked</h2>",
+             f"<p>{account.checked} {_e(CHECKED_LABELS.get(tool, 'checked'))} in {account.tests} {_e(unit)}(s) under "
+             f"the probe; {account.errors} probe error(s) in {account.tests_with_errors} {_e(unit)}(s).</p>"]
+    if account.not_checked:
+        total = sum(account.not_checked.values())
+        rows = [(_e(reason), _e(_fmt(n))) for reason, n in list(account.not_checked.items())[:TABLE_MAX_ROWS]]
+        parts.append(f"<p>{total} call(s) not checked, by reason:</p>" + _table(("reason", "calls"), rows))
+    if account.nothing_checked:
+        items = list(account.nothing_checked.items())
+        rows = [(_code(nodeid), _e(why)) for nodeid, why in items[:TABLE_MAX_ROWS]]
+        parts.append(f'<p class="bad">{len(items)} {_e(unit)}(s) ran under the probe but gave it nothing to '
+                     "check:</p>" + _table((unit, "why"), rows, "wide") + _more(len(items) - TABLE_MAX_ROWS, f"{unit}s"))
+    return '<section id="probe">' + "".join(parts) + "</section>"
 
 
 def _errors_section(tests: Mapping[str, Any], unit: str = "test") -> str:

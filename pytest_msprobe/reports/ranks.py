@@ -21,11 +21,11 @@ from typing import Any
 from probes.core.config import TASKS
 from probes.core.errors import ConfigError
 from probes.core.writers import write_json_atomic
+from pytest_msprobe.reports.tables import COMPARED_BY_OP, ProbeAccount, failing_ops, write_table
 from pytest_msprobe.tasks import TASK_RUNNERS
 
 MERGED_NAME = "summary_merged.json"
 REPORT_NAME = "report_merged.html"
-TABLE_KEY = {"free_benchmark": "apis", "grad_probe": "params", "online_dispatch": "ops"}
 STATUS_CLEAN, STATUS_FLAGGED, STATUS_NOT_SELECTED, STATUS_MISSING = "clean", "flagged", "not selected", "missing"
 
 
@@ -78,6 +78,8 @@ def merge_ranks(dump_path: str | os.PathLike[str], tool: str | None = None, *, w
                           "first": found[0] if found else None, "errors": errors}
     findings.sort(key=lambda f: (math.inf if f["step"] is None else f["step"], f["rank"], f["order"]))
     task = TASK_RUNNERS[tool]()
+    tests = {name: dict(task.entry(r), outcome="failed" if per_rank[int(name[4:])]["findings"] else "passed")
+             for name, r in results}
     merged: dict[str, Any] = {
         "tool": tool,
         "dump_path": str(root),
@@ -89,9 +91,9 @@ def merge_ranks(dump_path: str | os.PathLike[str], tool: str | None = None, *, w
         # the session summary's keys, one entry per rank: what html_report.render_html draws,
         # naming the entries ranks ("unit") instead of tests
         "unit": "rank",
-        "tests": {name: dict(task.test_entry(r), outcome="failed" if per_rank[int(name[4:])]["findings"] else "passed")
-                  for name, r in results},
-        TABLE_KEY[tool]: task.table(results),
+        "tests": tests,
+        task.table_key: write_table(task.table(results)),
+        "probe": ProbeAccount.of(tests).to_dict(),
     }
     if write:
         write_json_atomic(root / MERGED_NAME, merged)
@@ -135,9 +137,8 @@ def _free_benchmark(summaries: list[dict[str, Any]], paths: list[Path], rank: in
                              f"{row['dtype']}" + (f" output {row['output_index']}" if row["output_index"] != "" else ""),
               "evidence": row.get("detail", {}).get("csv") or str(paths[0])}
              for i, row in enumerate(s.get("flagged", []))]
-    result = {"apis": s.get("apis", {}), "csv_files": s.get("csv_files", []), "errors": s.get("errors", []),
-              "framework": s.get("framework", "")}
-    return result, found, s.get("errors", [])
+    result = TASK_RUNNERS["free_benchmark"]().result_of(s)
+    return result, found, result["errors"]
 
 
 def _grad_probe(summaries: list[dict[str, Any]], paths: list[Path], rank: int) -> tuple[dict, list, list]:
@@ -148,27 +149,36 @@ def _grad_probe(summaries: list[dict[str, Any]], paths: list[Path], rank: int) -
     found = [{"rank": rank, "what": f.param, "name": f.param, "step": f.step, "order": i, "figure": f.figures,
               "threshold": "finite", "figure_text": ", ".join(f"{k} {v}" for k, v in f.figures.items()) + " (not finite)",
               "evidence": f.csv} for i, f in enumerate(sorted(bad, key=lambda f: f.step))]
-    errors = summaries[0].get("errors", [])
-    result = {"nonfinite": [f.to_dict() for f in bad], "optimizers": [{"dump_path": str(rank_dir)}], "errors": errors}
-    return result, found, errors
+    s = summaries[0]  # the rank's monitor summary: one optimizer
+    watch = {"framework": s.get("framework", ""), "errors": [], "config": s.get("config", {}),
+             "optimizers": [dict(s, dump_path=str(rank_dir))], "nonfinite": [f.to_dict() for f in bad]}
+    result = TASK_RUNNERS["grad_probe"]().result_of(watch)
+    return result, found, result["errors"]
 
 
 def _online_dispatch(summaries: list[dict[str, Any]], paths: list[Path], rank: int) -> tuple[dict, list, list]:
-    from pytest_msprobe.tool_runs import failing_ops
-
-    found, ops, errors, csvs = [], [], [], []
-    for s, path in zip(summaries, paths):
+    found, csvs = [], []
+    merged: dict[str, Any] = {"failed_ops": [], "ops_compared": 0, "probe_errors": {}, "skipped_calls": {},
+                              COMPARED_BY_OP: {}}
+    per_op = all(COMPARED_BY_OP in s for s in summaries)  # calls per op only where every run counted them
+    for s, path in zip(summaries, paths):  # a rank's runs, as one
         csv = str(path.parent / s["csv"]) if s.get("csv") else str(path)
         csvs.append(csv)
         for f in failing_ops(s):
-            ops.append(f)
             found.append({"rank": rank, "what": f["name"], "name": f["op"], "step": None, "order": len(found),
                           "figure": f["cosine"], "threshold": None,
                           "figure_text": f"cosine {_shown(f['cosine'])}, max abs err {_shown(f['max_abs_err'])}",
                           "evidence": csv})
-        errors += sorted(s.get("probe_errors", {}))
-    result = {"failing_ops": ops, "csv_path": csvs[0] if csvs else None, "errors": errors}
-    return result, found, errors
+        merged["failed_ops"] += s.get("failed_ops", [])
+        merged["ops_compared"] += s.get("ops_compared", 0)
+        for key in ("probe_errors", "skipped_calls", COMPARED_BY_OP):
+            for k, n in (s.get(key) or {}).items():
+                merged[key][k] = merged[key].get(k, 0) + n
+    if not per_op:
+        del merged[COMPARED_BY_OP]
+    merged["csv_path"] = csvs[0] if csvs else None
+    result = TASK_RUNNERS["online_dispatch"]().result_of(merged)
+    return result, found, result["errors"]
 
 
 _READERS = {"free_benchmark": _free_benchmark, "grad_probe": _grad_probe, "online_dispatch": _online_dispatch}

@@ -6,18 +6,15 @@ single-process run and the results xdist workers send back.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable
+from collections.abc import Mapping
 from typing import Any
 
 from probes.core.records import rule_figures
+from pytest_msprobe.reports.tables import ApiRow, ProbeAccount, ProbeError, short_reason, sort_figure
 
-
-def sort_figure(v: Any) -> float:
-    """A max_rel as a number to sort by: verdict strings (nan_mismatch, ...) rank worst."""
-    if isinstance(v, (int, float)):
-        return float(v)
-    return math.inf  # symbol_flipping, nan_mismatch, ...
+CLOSEST_SHOWN = 3  # clean APIs named with their margin on the "no risky API" line
+REASONS_SHOWN = 6  # reasons for calls not checked on the terminal line
+TESTS_SHOWN = 10  # tests that gave the probe nothing, named on the terminal
 
 
 def _shown(v: Any) -> str:
@@ -60,33 +57,46 @@ def failure_message(nodeid: str, summary: dict[str, Any], limit: int = 10) -> st
     return "\n".join(lines)
 
 
-def merge_api_tables(per_test: Iterable[tuple[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    """Aggregate per-test API statistics into the session table."""
-    table: dict[str, dict[str, Any]] = {}
-    for nodeid, apis in per_test:
-        for api, s in apis.items():
-            t = table.setdefault(api, {"checked": 0, "flagged": 0, "worst_max_rel": None, "threshold": None,
-                                       "tests": [], "first_flagged": None})
-            t["checked"] += s["checked"]
-            t["flagged"] += s["flagged"]
-            if s["flagged"]:
-                t["tests"].append(nodeid)
-                if t["worst_max_rel"] is None or sort_figure(s["worst_max_rel"]) > sort_figure(t["worst_max_rel"]):
-                    t["worst_max_rel"], t["threshold"], t["first_flagged"] = (
-                        s["worst_max_rel"], s["threshold"], s["first_flagged"])
-    return table
-
-
-def risky_table_lines(table: dict[str, dict[str, Any]]) -> list[str]:
-    risky = [(api, t) for api, t in table.items() if t["flagged"]]
-    risky.sort(key=lambda kv: (-sort_figure(kv[1]["worst_max_rel"]), kv[0]))
+def risky_table_lines(table: Mapping[str, ApiRow]) -> list[str]:
+    """The risky APIs, worst first; when there are none, one line with how close the closest came."""
+    risky = [(api, t) for api, t in table.items() if t.flagged]
+    risky.sort(key=lambda kv: (-sort_figure(kv[1].worst_max_rel), kv[0]))
     if not risky:
-        checked = sum(t["checked"] for t in table.values())
-        return [f"no risky API: {len(table)} APIs, {checked} calls checked, all within their thresholds"]
+        checked = sum(t.checked for t in table.values())
+        closest = sorted(((t.worst_score, api) for api, t in table.items() if t.worst_score), reverse=True)
+        near = ("; closest: " + ", ".join(f"{api} {score:.3g}x its threshold" for score, api in closest[:CLOSEST_SHOWN])
+                if closest else "")
+        return [f"no risky API: {len(table)} APIs, {checked} calls checked, all within their thresholds{near}"]
     header = ("API", "calls checked", "inconsistent", "worst max_rel", "threshold", "tests affected")
-    rows = [(api, str(t["checked"]), str(t["flagged"]), _shown(t["worst_max_rel"]), _shown(t["threshold"]),
-             str(len(t["tests"]))) for api, t in risky]
+    rows = [(api, str(t.checked), str(t.flagged), _shown(t.worst_max_rel), _shown(t.threshold), str(len(t.tests)))
+            for api, t in risky]
     return text_table(header, rows)
+
+
+def account_lines(account: ProbeAccount, checked_label: str) -> list[str]:
+    """The probe's own account of a session: its errors (the first few, with their calls), the
+    calls it left unchecked by reason, and the tests that gave it nothing to check."""
+    lines = [f"{account.checked} {checked_label} in {account.tests} test(s) under the probe"]
+    if account.errors:
+        lines.append(f"probe errors: {account.errors} in {account.tests_with_errors} test(s); what each names was "
+                     "not checked. Recorded, not raised: each test kept its own outcome (set \"strict\": true in the "
+                     "config to fail it instead):")
+        lines += [f"  {e['test']}: {ProbeError(e['call'], e['error'], e['count']).describe()}"[:300]
+                  for e in account.first_errors]
+        if account.errors > len(account.first_errors):
+            lines.append("  ... every error is in summary.json (each test's \"errors\") and report.html")
+    if account.not_checked:
+        total = sum(account.not_checked.values())
+        lines.append(f"not checked: {total} call(s): " + ", ".join(
+            f"{short_reason(reason)} {n}" for reason, n in list(account.not_checked.items())[:REASONS_SHOWN])
+            + (", ..." if len(account.not_checked) > REASONS_SHOWN else "") + " (reasons in full in report.html)")
+    if account.nothing_checked:
+        shown = list(account.nothing_checked.items())[:TESTS_SHOWN]
+        lines.append(f"{len(account.nothing_checked)} test(s) ran under the probe but gave it nothing to check:")
+        lines += [f"  {nodeid}: {why}" for nodeid, why in shown]
+        if len(account.nothing_checked) > TESTS_SHOWN:
+            lines.append(f"  ... and {len(account.nothing_checked) - TESTS_SHOWN} more (summary.json: probe.nothing_checked)")
+    return lines
 
 
 def text_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:

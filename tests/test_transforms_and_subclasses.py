@@ -643,3 +643,20 @@ def test_a_program_compiled_after_the_probe_is_not_broken_by_it(tmp_path):
     x = torch.randn(4, 5)
     assert torch.allclose(einsum(x), x @ w)
     assert trace_rules.get_torch_obj_rule_map().get(torch.einsum) is not None
+
+
+def test_a_clean_lerp_near_zero_is_judged_at_its_inputs_scale(tmp_path):
+    """lerp adds rounded terms: outputs that cancel to near zero are off by many of their own ulps
+    while within half an ulp of the inputs' magnitude; it is judged at the row's scale."""
+    torch.manual_seed(0)
+    a, b = torch.randn(64, 256), torch.randn(64, 256)
+    b[:, ::8] = -a[:, ::8] + torch.randn(64, 32) * 1e-6  # an eighth of the midpoints cancel
+    _out, summary = _probed(tmp_path, lambda: torch.lerp(a, b, 0.5))
+    assert summary["apis"]["Torch.lerp"]["checked"] == 1 and summary["apis"]["Torch.lerp"]["flagged"] == 0
+
+
+def test_online_dispatch_takes_an_overflow_to_inf_as_the_dtypes_rounding(tmp_path):
+    x = torch.full((16,), 1e30)
+    out, summary = _dispatched(tmp_path, lambda: x * x)
+    assert torch.isinf(out).all()
+    assert summary["failed_op_count"] == 0 and summary["ops_compared"] == 1

@@ -89,6 +89,12 @@ _DUNDER_OPS = {"add": "add", "radd": "add", "sub": "sub", "rsub": "sub", "mul": 
                "rfloordiv": "floor_divide", "mod": "remainder", "rmod": "remainder"}
 
 
+# Pointwise ops whose kernel adds rounded terms (a + w * (b - a)): an output near zero is the
+# cancellation of larger terms, so its error is judged at the row's scale, not its own (a clean
+# fp32 lerp is within half an ulp of its inputs' magnitude, yet thousands of its own ulps off)
+_CANCELLING_POINTWISE = frozenset({"lerp", "addcmul", "addcdiv"})
+
+
 @functools.cache  # aten's tags never change in a process; the catalog is rebuilt per probe
 def _is_pointwise(name: str) -> bool:
     """Whether the aten op of this name carries aten's pointwise tag on its tensor overload."""
@@ -110,7 +116,7 @@ def _classify(meta: ApiMeta) -> None:
     name = meta.qualname.rsplit(".", 1)[-1]
     meta.mutates_inputs = name in _MUTATES_INPUTS
     if meta.exclusion is None and "." not in meta.qualname:  # torch.special.x / linalg.x: not aten names
-        meta.pointwise = _is_pointwise(name)
+        meta.pointwise = _is_pointwise(name) and name not in _CANCELLING_POINTWISE
     if meta.prefix == "Functional":
         meta.inplace_pos = _inplace_position(meta.original)
 

@@ -495,9 +495,10 @@ class FreeBenchmarkProbe:
                             name, self.fb.pert_mode, shown, stats.threshold, csv_path)
                 return
             shown = f"{worst:.6g}" if isinstance(worst, float) else worst
+            figure = "scaled error" if self.fb.rule == "scaled" else "max_rel"  # what the threshold bounds
             log.warning(
-                "free_benchmark: %s is inconsistent under %s: max_rel %s > threshold %s (rows in %s)",
-                name, self.fb.pert_mode, shown, stats.threshold, csv_path,
+                "free_benchmark: %s is inconsistent under %s: %s %s > threshold %s (rows in %s)",
+                name, self.fb.pert_mode, figure, shown, stats.threshold, csv_path,
             )
 
     def _fix(self, out: Any, pert_out: Any) -> None:

@@ -101,6 +101,19 @@ def _not_compared(cmp: OpComparison, name: str, dev: Any, ref: Any, message: str
         name, _type_str(dev), ref_type, str(_shape(dev)), ref_shape, dm.NAN, message, figure="unsupported")))
 
 
+def _overflowed_as(ref: torch.Tensor, dev: torch.Tensor) -> torch.Tensor:
+    """The reference with the values beyond the device dtype's range as that dtype's infinities:
+    a float32 product of 1e30 and 1e30 is inf, correctly rounded, where the float64 reference
+    holds 1e60; without this the two would be reported as an inf/nan mismatch."""
+    if not (dev.is_floating_point() and ref.is_floating_point()) or dev.dtype == ref.dtype:
+        return ref
+    top = torch.finfo(dev.dtype).max
+    beyond = ref.abs() > top
+    if not bool(beyond.any()):
+        return ref
+    return torch.where(beyond, ref.sign() * float("inf"), ref)
+
+
 def _add_pair(cmp: OpComparison, name: str, dev: Any, ref: Any) -> None:
     if dev is None and (ref is None or isinstance(ref, NotCompared)):
         return
@@ -126,7 +139,7 @@ def _add_pair(cmp: OpComparison, name: str, dev: Any, ref: Any) -> None:
                                        dm.NAN, "empty data, can not compare", figure="unsupported")
             return
         leaf.index = len(cmp.pairs)
-        cmp.pairs.append((_real(dev.detach()).to(CPU), _real(ref.detach())))
+        cmp.pairs.append((_real(dev.detach()).to(CPU), _overflowed_as(_real(ref.detach()), dev)))
         return
     if isinstance(dev, _SCALARS) and isinstance(ref, _SCALARS):
         leaf.tensor = False

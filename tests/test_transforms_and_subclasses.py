@@ -660,3 +660,21 @@ def test_online_dispatch_takes_an_overflow_to_inf_as_the_dtypes_rounding(tmp_pat
     out, summary = _dispatched(tmp_path, lambda: x * x)
     assert torch.isinf(out).all()
     assert summary["failed_op_count"] == 0 and summary["ops_compared"] == 1
+
+
+def test_online_dispatch_steps_aside_for_a_traced_module_that_checks_shapes(tmp_path):
+    """A traced module's interpreter hands a dispatch mode aten.equal(int, int) for its shape
+    checks, which cannot run from Python: script modules run with the modes off."""
+    class Flatten(nn.Module):
+        def forward(self, a):
+            assert a.shape[1] == 3
+            return a.reshape(a.shape[0], -1) * 2
+
+    x = torch.randn(2, 3, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        traced = torch.jit.trace(Flatten(), x)
+    out, summary = _dispatched(tmp_path, lambda: traced(x))
+    assert torch.equal(out, x.reshape(2, -1) * 2)
+    assert any("TorchScript" in r for r in summary["skipped"])
+    assert "__call__" not in torch.jit.ScriptModule.__dict__  # put back

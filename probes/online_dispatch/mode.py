@@ -54,27 +54,44 @@ _PROBES_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 
-def _aside_while_jit_tracing(mode: Any) -> tuple[tuple[str, Any], ...]:
-    """torch.jit.trace records different graphs when a dispatch mode is active (shapes become
-    constants, then its own check fails): while the mode is entered, torch.jit.trace and
-    trace_module run with the dispatch modes off, and each trace is counted under its reason.
+def _aside_for_torchscript(mode: Any) -> tuple[tuple[Any, str, Any], ...]:
+    """TorchScript and dispatch modes do not mix: torch.jit.trace records another graph when a
+    mode is active (shapes become constants, then its own check fails), and a traced or scripted
+    module's interpreter hands a mode ops whose Tensor arguments are Python ints (aten.equal(84, 2)),
+    which cannot run from Python. While the mode is entered, torch.jit.trace / trace_module and
+    calls of script modules run with the dispatch modes off, each counted under its reason.
     Returns the replaced attributes, put back when the mode exits."""
     saved = []
-    for name in ("trace", "trace_module"):
-        original = getattr(torch.jit, name, None)
+    targets = [(torch.jit, name, skip_list.JIT_TRACE) for name in ("trace", "trace_module")]
+    targets.append((torch.jit.ScriptModule, "__call__", skip_list.TORCHSCRIPT))
+    for owner, name, reason in targets:
+        original = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name, None)
+        if original is None and isinstance(owner, type):
+            original = getattr(owner, name, None)
+            had_own = False
+        else:
+            had_own = True
         if original is None:
             continue
 
-        def aside(*args: Any, __original: Any = original, **kwargs: Any) -> Any:
-            key = (skip_list.JIT_TRACE, "torch.jit.trace")
+        def aside(*args: Any, __original: Any = original, __reason: str = reason, **kwargs: Any) -> Any:
+            key = (__reason, "torch.jit")
             mode.results.skipped[key] = mode.results.skipped.get(key, 0) + 1
             with _disable_current_modes():
                 return __original(*args, **kwargs)
 
         functools.update_wrapper(aside, original)
-        saved.append((name, original))
-        setattr(torch.jit, name, aside)
+        saved.append((owner, name, original if had_own else None))
+        setattr(owner, name, aside)
     return tuple(saved)
+
+
+def _put_back(saved: tuple[tuple[Any, str, Any], ...]) -> None:
+    for owner, name, value in saved:
+        if value is None:
+            delattr(owner, name)
+        else:
+            setattr(owner, name, value)
 
 # subclasses that run only under their own mode (a tracer's): they cannot take an op back, and
 # have no values to compare
@@ -213,7 +230,7 @@ class OnlineDispatchMode(TorchDispatchMode):
             self._start_thread()
         if self._depth == 0:
             capture.install(self)
-            self._jit_trace = _aside_while_jit_tracing(self)
+            self._torchscript = _aside_for_torchscript(self)
         self._depth += 1
         return super().__enter__()
 
@@ -224,9 +241,8 @@ class OnlineDispatchMode(TorchDispatchMode):
             self._depth -= 1
             if self._depth == 0:
                 capture.uninstall(self)
-                for name, value in getattr(self, "_jit_trace", ()):
-                    setattr(torch.jit, name, value)
-                self._jit_trace = ()
+                _put_back(getattr(self, "_torchscript", ()))
+                self._torchscript = ()
                 if self._threaded:
                     self.close()  # a thread is cheap to start again; no idle thread outlives the context
                 else:

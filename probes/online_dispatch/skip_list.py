@@ -35,6 +35,8 @@ NO_TENSOR = "called without tensors"
 TOO_LARGE = "too large for the host memory left: its float64 reference copies would not fit"
 JIT_TRACE = ("torch.jit.trace: the dispatch modes step aside while it traces (a mode changes the graph it "
              "records), so its ops are not compared")
+TORCHSCRIPT = ("run by a TorchScript module (traced or scripted): the dispatch modes step aside (its "
+               "interpreter hands a mode arguments it cannot run from Python), so its ops are not compared")
 THROUGH_SUBCLASS = "tensor subclass: compared through the operators its __torch_dispatch__ runs on plain tensors"
 UNSUPPORTED_TENSOR = "tensor subclass, meta, sparse or other non-strided tensors"
 NO_CPU_KERNEL = "the reference run failed on the CPU (first failure recorded in the CSV)"

@@ -65,14 +65,10 @@ def _aside_for_torchscript(mode: Any) -> tuple[tuple[Any, str, Any], ...]:
     targets = [(torch.jit, name, skip_list.JIT_TRACE) for name in ("trace", "trace_module")]
     targets.append((torch.jit.ScriptModule, "__call__", skip_list.TORCHSCRIPT))
     for owner, name, reason in targets:
-        original = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name, None)
-        if original is None and isinstance(owner, type):
-            original = getattr(owner, name, None)
-            had_own = False
-        else:
-            had_own = True
+        original = getattr(owner, name, None)
         if original is None:
             continue
+        had_own = name in vars(owner)  # ScriptModule inherits __call__: deleted again, not set back
 
         def aside(*args: Any, __original: Any = original, __reason: str = reason, **kwargs: Any) -> Any:
             key = (__reason, "torch.jit")

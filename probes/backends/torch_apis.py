@@ -180,20 +180,18 @@ def _npu_entries() -> list[ApiMeta]:
     return _module_entries(torch_npu, "NPU", "", names)
 
 
-def _dynamo_rules(build: bool) -> dict | None:
-    """Dynamo's table of torch objects it puts in the graph (built once per process, from the
-    objects torch's names hold at that moment). Built while the wrappers are installed, it would
-    hold them instead of torch's functions, and every later compiled program would break its graph
-    at torch.einsum and the like, long after the probe stopped: `build` makes it first (only when
-    Dynamo is already imported: the probe does not import it)."""
+def _dynamo_rules() -> dict | None:
+    """Dynamo's table of torch objects it puts in the graph, if it was built (once per process,
+    from the objects torch's names hold at that moment). Built while the wrappers are installed, it
+    holds them instead of torch's functions, and every later compiled program would break its graph
+    at torch.einsum and the like, long after the probe stopped: uninstall puts torch's functions
+    back in it. The probe never builds it (that imports much of torch)."""
     if "torch._dynamo" not in sys.modules:
         return None
     from torch._dynamo import trace_rules
 
     cached = trace_rules.get_torch_obj_rule_map
-    if not build and not cached.cache_info().currsize:
-        return None
-    return cached()
+    return cached() if cached.cache_info().currsize else None
 
 
 class TorchApiPatcher(ApiPatcher):
@@ -208,7 +206,6 @@ class TorchApiPatcher(ApiPatcher):
         self._hooks: tuple[Any, ...] = ()
 
     def install(self, handler: Any) -> None:
-        _dynamo_rules(build=True)  # before the wrappers replace the objects Dynamo's rules name
         super().install(handler)
         self._script_transparent()
         self._script_view(True)
@@ -272,7 +269,7 @@ class TorchApiPatcher(ApiPatcher):
         for hook in self._hooks:
             hook.remove()
         self._hooks = ()
-        rules = _dynamo_rules(build=False)
+        rules = _dynamo_rules()
         if rules is not None:  # built while the wrappers were installed: keyed by them, not by torch's objects
             for meta in self.metas:
                 if meta.wrapper is not None and meta.wrapper in rules:

@@ -40,7 +40,7 @@ from typing import Any, Union
 import numpy as np
 
 from probes.core.writers import CsvAppender, read_csv_rows, write_json_atomic
-from probes.grad_probe.csv_format import RANK_DIR_RE, SUMMARY_CSV_RE, param_from_file_name
+from probes.grad_probe.csv_format import RANK_DIR_RE, SLICES_JSON, SUMMARY_CSV_RE, param_from_file_name
 from probes.grad_probe.direction_rule import (
     FIRST_STEP_MIN,
     MAX_DROP,
@@ -50,10 +50,12 @@ from probes.grad_probe.direction_rule import (
     check_thresholds,
     first_flagged_step,
 )
+from probes.grad_probe.sharded_directions import Assembled, ShardedRun
 
 log = logging.getLogger("probes.grad_probe.comparator")
 
 PathLike = Union[str, os.PathLike]
+Signs = Union[Path, Assembled]  # a rank's direction file, or a sharded run's reassembled parameter
 
 SIMILARITIES_CSV = "similarities.csv"
 SUMMARY_JSON = "summary.json"
@@ -344,6 +346,55 @@ def _npy_files(step_dir: Path | None) -> dict[str, Path]:
     return files
 
 
+#: module names that wrappers put in front of a model's own parameter names
+WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
+
+
+def _unwrapped(name: str) -> str:
+    for prefix in WRAPPER_PREFIXES:
+        name = name.replace(prefix, "") if name.startswith(prefix) or f".{prefix}" in name else name
+    return name
+
+
+def _wrapper_aliases(names_a: list[str], names_b: list[str]) -> dict[str, str]:
+    """{name in run b: name in run a} for parameters whose names differ only by wrapper prefixes,
+    when that pairs them one to one (otherwise nothing is renamed)."""
+    only_a, only_b = set(names_a) - set(names_b), set(names_b) - set(names_a)
+    if not only_a or not only_b:
+        return {}
+    by_a = {_unwrapped(n): n for n in only_a}
+    by_b = {_unwrapped(n): n for n in only_b}
+    if len(by_a) != len(only_a) or len(by_b) != len(only_b):
+        return {}
+    return {n: by_a[_unwrapped(n)] for n in names_b if n in only_b and _unwrapped(n) in by_a}
+
+
+def _first_params(step_csv: Any, side: str, steps: list[int]) -> list[str]:
+    for n in steps:
+        c = step_csv(side, n)
+        if c is not None and c.params:
+            return c.params
+    return []
+
+
+def _renamed_csv(c: _StepCsv | None, aliases: dict[str, str]) -> _StepCsv | None:
+    if c is None:
+        return None
+    return _StepCsv([aliases.get(p, p) for p in c.params],
+                    None if c.md5 is None else {aliases.get(p, p): v for p, v in c.md5.items()},
+                    {aliases.get(p, p): v for p, v in c.shape.items()})
+
+
+def _step_signs(step_dir: Path | None, run: ShardedRun | None, step: int) -> dict[str, Signs]:
+    """{param: signs} of one rank's step: its direction files, with the sharded parameters' slices
+    replaced by the full parameters reassembled from every rank."""
+    files: dict[str, Signs] = dict(_npy_files(step_dir))
+    if run is not None:
+        for param in run.params(step):
+            files[param] = run.assembled(step, param)
+    return files
+
+
 def _numel(shape_text: str) -> int | None:
     text = shape_text.strip()
     if not (text.startswith("[") and text.endswith("]")):
@@ -365,21 +416,38 @@ def _load(path: Path) -> np.ndarray | None:
         return None
 
 
-def _compare_arrays(pa: Path | None, pb: Path | None) -> tuple[str, int, int]:
-    """(status, same, total) for one parameter at one step."""
+def _signs(source: Signs) -> tuple[Any, Any]:
+    """(signs, the mask of elements held or None for all) of a direction file or a reassembled
+    sharded parameter; (None, None) when unreadable."""
+    if isinstance(source, Assembled):
+        got = source.load()
+        return (None, None) if got is None else got
+    return _load(source), None
+
+
+def _compare_arrays(pa: Signs | None, pb: Signs | None) -> tuple[str, int, int]:
+    """(status, same, total) for one parameter at one step. With a sharded run on either side,
+    only the elements both runs hold count (all of them, unless slices are missing)."""
     if pa is None and pb is None:
         return ABSENT, 0, 0
     if pa is None:
         return MISSING_A, 0, 0
     if pb is None:
         return MISSING_B, 0, 0
-    a, b = _load(pa), _load(pb)
+    (a, held_a), (b, held_b) = _signs(pa), _signs(pb)
     if a is None or b is None or not isinstance(a, np.ndarray) or not isinstance(b, np.ndarray):
         return UNREADABLE, 0, 0
     if a.shape != b.shape:
         return SHAPE_MISMATCH, 0, 0
     if a.dtype != np.bool_ or b.dtype != np.bool_:
         return NOT_BOOL, 0, 0
+    if held_a is not None or held_b is not None:
+        held = held_a if held_b is None else held_b if held_a is None else held_a & held_b
+        total = int(np.count_nonzero(held))
+        if total == 0:
+            return (EMPTY, 0, 0) if a.size == 0 else (MISSING_A if held_a is not None and not held_a.any() else
+                                                       MISSING_B, 0, 0)
+        return OK, int(np.count_nonzero((a == b) & held)), total
     total = int(a.size)
     if total == 0:
         return EMPTY, 0, 0
@@ -470,13 +538,18 @@ class GradComparator:
     @staticmethod
     def compare(path1: PathLike, path2: PathLike, output_dir: PathLike | None, *,
                 first_step_min: float = FIRST_STEP_MIN, max_drop: float = MAX_DROP, plots: bool = True,
-                progress: bool | None = None) -> GradComparison:
+                progress: bool | None = None,
+                sharded: tuple[ShardedRun | None, ShardedRun | None] = (None, None)) -> GradComparison:
         """Compare two rank folders; write similarities.csv, pictures and summary.json to ``output_dir``
-        (nothing is written when it is None) and return the result."""
+        (nothing is written when it is None) and return the result. ``sharded``: the runs'
+        reassembled sharded parameters (compare_distributed passes them)."""
         check_thresholds(first_step_min, max_drop)
         a = _check_input("path1", path1)
         b = _check_input("path2", path2)
-        res = _compare_rank(a, b, first_step_min, max_drop, progress)
+        res = _compare_rank(a, b, first_step_min, max_drop, progress, sharded)
+        if sharded == (None, None) and any(_holds_slices(p) for p in (a, b)):
+            res.notes.append(f"a run's direction files hold one rank's slices of sharded parameters ({SLICES_JSON}): "
+                             "compare the dump roots with compare_distributed, which reassembles them")
         if output_dir is not None:
             out = Path(output_dir)
             out.mkdir(parents=True, exist_ok=True)
@@ -506,6 +579,7 @@ class GradComparator:
                              "or rank folders to compare")
         out = Path(output_dir) if output_dir is not None else None
         result = DistributedGradComparison(out=str(out) if out is not None else None)
+        sharded = (ShardedRun.of(ranks_a, step_dirs), ShardedRun.of(ranks_b, step_dirs))
         ranks = sorted(set(ranks_a) | set(ranks_b))
         for rank in _progress(ranks, len(ranks), "rank", progress if len(ranks) > 1 else False):
             if rank not in ranks_a:
@@ -516,7 +590,9 @@ class GradComparator:
                 continue
             res = GradComparator.compare(ranks_a[rank], ranks_b[rank], out / f"rank{rank}" if out is not None else None,
                                          first_step_min=first_step_min, max_drop=max_drop, plots=plots,
-                                         progress=progress)
+                                         progress=progress, sharded=sharded)
+            for run in sharded:
+                res.notes.extend(run.notes if run is not None else ())
             result[rank] = res
             result.rank_status[rank] = res.state
         if out is not None:
@@ -524,9 +600,17 @@ class GradComparator:
         return result
 
 
-def _compare_rank(a: Path, b: Path, first_step_min: float, max_drop: float,
-                  progress: bool | None) -> GradComparison:
-    dirs_a, dirs_b = step_dirs(a), step_dirs(b)
+def _holds_slices(rank_dir: Path) -> bool:
+    return any((d / SLICES_JSON).is_file() for d in step_dirs(rank_dir).values())
+
+
+def _compare_rank(a: Path, b: Path, first_step_min: float, max_drop: float, progress: bool | None,
+                  sharded: tuple[ShardedRun | None, ShardedRun | None] = (None, None)) -> GradComparison:
+    dirs_a: dict[int, Path | None] = dict(step_dirs(a))
+    dirs_b: dict[int, Path | None] = dict(step_dirs(b))
+    for dirs, run in zip((dirs_a, dirs_b), sharded):
+        for n in run.steps if run is not None else ():
+            dirs.setdefault(n, None)  # a rank holding no slice of its own still compares the full parameters
     csvs_a, csvs_b = step_csvs(a), step_csvs(b)
     res = GradComparison(dir_a=str(a), dir_b=str(b), first_step_min=first_step_min, max_drop=max_drop)
     # which steps can be compared, and how
@@ -568,6 +652,15 @@ def _compare_rank(a: Path, b: Path, first_step_min: float, max_drop: float,
         return res
 
     # parameter order: the lowest common step's CSV (a, else b), then everything else sorted
+    # the same parameter under another wrapper (DDP's "module.", torch.compile's "_orig_mod."):
+    # run b's names are read as run a's
+    aliases = _wrapper_aliases(_first_params(step_csv, "a", res.steps), _first_params(step_csv, "b", res.steps))
+    if aliases:
+        for n in res.steps:
+            csv_cache[("b", n)] = _renamed_csv(step_csv("b", n), aliases)
+        sample = ", ".join(f"{b_name} as {a_name}" for b_name, a_name in list(aliases.items())[:2])
+        res.notes.append(f"{len(aliases)} parameters of run b matched to run a's names across a wrapper prefix "
+                         f"({sample}{', ...' if len(aliases) > 2 else ''})")
     params: list[str] = []
     for n in res.steps:
         c = step_csv("a", n) or step_csv("b", n)
@@ -579,9 +672,13 @@ def _compare_rank(a: Path, b: Path, first_step_min: float, max_drop: float,
     extra: set[str] = set()
     for n in res.steps:
         if res.mode[n] == MODE_DIRECTION:
-            fa, fb = _npy_files(dirs_a[n]), _npy_files(dirs_b[n])
+            fa, fb = _step_signs(dirs_a[n], sharded[0], n), _step_signs(dirs_b[n], sharded[1], n)
+            stems = {path.name[:-4] for path in (*fa.values(), *fb.values()) if isinstance(path, Path)}
+            stems |= {k for side in (fa, fb) for k, v in side.items() if isinstance(v, Assembled)}
+            if aliases:
+                fb = {aliases.get(_decoded(k), k): v for k, v in fb.items()}
+                stems = {aliases.get(_decoded(k), k) for k in stems}
             files[n] = (fa, fb)
-            stems = {path.name[:-4] for path in (*fa.values(), *fb.values())}
             extra.update(k for k in stems if k not in seen and _decoded(k) not in seen)
         else:
             for side in ("a", "b"):

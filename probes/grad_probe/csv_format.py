@@ -136,6 +136,53 @@ def write_direction(path: str | os.PathLike[str], positive: Any) -> str:
     return path
 
 
+#: per step and rank, where each sharded parameter's direction file sits in the full parameter
+SLICES_JSON = "shards.json"
+
+
+def slices_path(root: str | os.PathLike[str], rank: int, step: int) -> Path:
+    return Path(root) / f"rank{rank}" / f"step{step}" / SLICES_JSON
+
+
+def slice_entry(shape: Sequence[int], index: Sequence[Any]) -> dict[str, Any]:
+    """One parameter's entry of ``shards.json``: the full shape and, per dimension, the global
+    indices this rank's direction file holds, ``[start, stop]`` for a contiguous run (``range``)
+    or ``{"take": [i, j, …]}`` for explicit indices (a strided shard)."""
+    dims = [[d.start, d.stop] if isinstance(d, range) else {"take": [int(i) for i in d]} for d in index]
+    return {"shape": [int(s) for s in shape], "index": dims}
+
+
+def slice_indices(entry: dict[str, Any]) -> tuple[list[int] | range, ...]:
+    """The per-dimension global indices of a ``shards.json`` entry (inverse of :func:`slice_entry`);
+    ValueError for an entry that is not one."""
+    shape, dims = entry.get("shape"), entry.get("index")
+    if not isinstance(shape, list) or not isinstance(dims, list) or len(shape) != len(dims):
+        raise ValueError(f"not a shards.json entry: {entry!r}")
+    out: list[list[int] | range] = []
+    for n, d in zip(shape, dims):
+        if isinstance(d, dict) and isinstance(d.get("take"), list):
+            values = [int(i) for i in d["take"]]
+        elif isinstance(d, list) and len(d) == 2:
+            values = range(int(d[0]), int(d[1]))
+        else:
+            raise ValueError(f"not a shards.json dimension: {d!r}")
+        inside = (0 <= values.start and values.stop <= int(n)) if isinstance(values, range) else all(
+            0 <= i < int(n) for i in values)
+        if not inside:
+            raise ValueError(f"indices {d!r} outside a dimension of {n}")
+        out.append(values)
+    return tuple(out)
+
+
+def write_slices(root: str | os.PathLike[str], rank: int, step: int, slices: dict[str, Any]) -> Path:
+    """Write ``rank{R}/step{N}/shards.json``: ``{"format": 1, "params": {name: slice_entry}}`` for
+    the sharded parameters whose direction file in that folder holds this rank's slice only."""
+    import json
+
+    path = slices_path(root, rank, step)
+    return _write_text_atomic(path, json.dumps({"format": 1, "params": slices}, separators=(",", ":")), "utf-8")
+
+
 def _open_new(path: str) -> tuple[int, bool]:
     """(descriptor, whether the file was created) of `path` opened for writing from its start."""
     try:
@@ -192,9 +239,9 @@ def make_dirs(path: str | os.PathLike[str]) -> None:
     _MADE.add(key)
 
 
-def _write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
+def _write_text_atomic(path: str | os.PathLike[str], text: str, encoding: str = ENCODING) -> Path:
     make_dirs(os.path.dirname(os.fspath(path)))
-    return write_text_atomic(path, text, encoding=ENCODING, mode=FILE_MODE)
+    return write_text_atomic(path, text, encoding=encoding, mode=FILE_MODE)
 
 
 def _chmod(path: str | os.PathLike[str], mode: int) -> None:

@@ -97,10 +97,12 @@ class MonitorBase:
         _ACTIVE.add(self)
 
     def _write_step(self, step: int, rank: int, missing: list[str], records: list[GradStats],
-                    directions: list[tuple[Path, Any]]) -> None:
+                    directions: list[tuple[Path, Any]], slices: dict[str, Any] | None = None) -> None:
         """Hand a step's files (its grad_summary CSV from `records`, the `(path, host bools)`
-        direction files) to the writer (written at once when small, by its thread when large) and
-        do the book-keeping; summary.json follows the files in the same task when it is due."""
+        direction files, and for sharded parameters the ``shards.json`` saying where each
+        direction file's slice sits in the full parameter) to the writer (written at once when
+        small, by its thread when large) and do the book-keeping; summary.json follows the files
+        in the same task when it is due."""
         if missing:
             self.params_without_grad[step] = missing
         self.steps_written.append(step)
@@ -116,6 +118,8 @@ class MonitorBase:
         def task() -> None:
             for where, positive in directions:
                 csv_format.write_direction(where, positive)
+            if slices:
+                csv_format.write_slices(self._root, rank, step, slices)
             csv_format.write_summary_csv(path, level, bounds, records)
             if summary is not None:
                 write_json_atomic(*summary)

@@ -114,6 +114,61 @@ def stat_columns(xp: Any, grads: Sequence[Any], bounds: Sequence[Bound], histogr
     return xp.concat([batched.extrema(grads, dtype), xp.reshape(batched.norms(grads, dtype), (1, -1))])
 
 
+#: rows of :func:`shard_sums` before the histogram's counts: sum of squares, elements, NaNs,
+#: ranks that had the gradient, ranks that failed to take their figures
+SHARD_SUM_ROWS = 5
+
+
+def shard_parts(xp: Any, g: Any, bounds: Sequence[Bound], histogram: bool, dtype: Any, device: Any, *,
+                had: bool = True, failed: bool = False) -> tuple[Any, Any]:
+    """The figures of one rank's slice of a sharded gradient that combine across ranks: a vector
+    to sum (sum of squares, elements, NaNs, whether this rank had the gradient, whether its
+    figures failed, then at L2 the counts of ``x <= b`` and of ``x == 0``) and one to take the
+    max of (max, -min).
+
+    ``g`` None is the neutral share: a slice another rank counts (a replicated copy), no gradient
+    (``had=False``) or figures that failed (``failed=True``); every rank takes part in the same
+    collective whatever its slices gave.
+    """
+    width = SHARD_SUM_ROWS + (len(bounds) + 1 if histogram else 0)
+    if g is None or math.prod(g.shape) == 0:
+        flags = [0.0, 0.0, 0.0, 1.0 if had or g is not None else 0.0, 1.0 if failed else 0.0]
+        sums = xp.asarray(flags + [0.0] * (width - SHARD_SUM_ROWS), dtype=dtype, device=device)
+        return sums, xp.asarray([-math.inf, -math.inf], dtype=dtype, device=device)
+    flat = xp.astype(xp.reshape(g, (-1,)), dtype)
+    nan = xp.astype(xp.count_nonzero(flat != flat), dtype)
+    one = xp.asarray(1.0, dtype=dtype, device=device)
+    figures = [xp.sum(flat * flat), float(math.prod(g.shape)) * one, nan, one, 0.0 * one]
+    if histogram:
+        figures += [xp.astype(xp.count_nonzero(flat <= b), dtype) for b in bounds]
+        figures.append(xp.astype(xp.count_nonzero(flat == 0), dtype))
+    return xp.stack(figures), xp.stack([xp.max(flat), -xp.min(flat)])
+
+
+def combine_shards(xp: Any, sums: Any, extremes: Any, bounds: Sequence[Bound], histogram: bool) -> Any:
+    """The :func:`stat_vector` columns, ``(width, n)``, of ``n`` sharded gradients from their
+    reduced figures (``sums`` ``(SHARD_SUM_ROWS + …, n)``, ``extremes`` ``(2, n)``): the same
+    max, min, fractions and ``=0`` as the full gradient's, and its norm up to the summation order.
+    A NaN anywhere makes max, min and norm NaN, as on the full tensor."""
+    total, nan = sums[1], sums[2]
+    has_nan = nan > 0
+    empty = total == 0
+    nan_row = xp.full(total.shape, math.nan, dtype=sums.dtype, device=sums.device)
+    bad = has_nan | empty
+    rows = [xp.where(bad, nan_row, extremes[0]), xp.where(bad, nan_row, -extremes[1]),
+            xp.where(empty, nan_row, xp.sqrt(sums[0]))]
+    if histogram:
+        k = len(bounds)
+        cumulative = sums[SHARD_SUM_ROWS : SHARD_SUM_ROWS + k]
+        edges = xp.concat([xp.zeros((1,) + tuple(total.shape), dtype=sums.dtype, device=sums.device), cumulative,
+                           xp.reshape(total, (1, -1))])
+        safe = xp.where(empty, xp.ones(total.shape, dtype=sums.dtype, device=sums.device), total)
+        counts = xp.concat([edges[1:] - edges[:-1], sums[SHARD_SUM_ROWS + k :]])
+        fractions = xp.where(empty, xp.zeros(counts.shape, dtype=sums.dtype, device=sums.device), counts / safe)
+        return xp.concat([xp.stack(rows), fractions])
+    return xp.stack(rows)
+
+
 def _combine(xp: Any, parts: list[Any]) -> Any:
     stacked = xp.stack(parts)
     return xp.concat(

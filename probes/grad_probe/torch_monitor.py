@@ -43,8 +43,9 @@ from typing import Any, NamedTuple
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from probes.backends import torch_xp
+from probes.backends import torch_shards, torch_xp
 from probes.backends.torch_backend import BACKEND, widest_float
+from probes.backends.torch_shards import is_sharded
 from probes.core.config import ProbeConfig
 from probes.core.errors import ProbeError
 from probes.grad_probe import csv_format, stats
@@ -186,21 +187,33 @@ class GradMonitor(MonitorBase):
         try:
             if self.rank is None:
                 self.rank = int(self.backend.rank())
-            if not (self.config.selects_rank(self.rank) and self.config.selects_step(count)):
+            if not self.config.selects_step(count):
                 return
-            self._dump(count)
+            if self.config.selects_rank(self.rank):
+                self._dump(count)
+            elif any(is_sharded(p) for _n, p in self.selected):
+                # a rank the filter leaves out still adds its slices to the figures the others write
+                self._dump(count, write=False)
         except Exception as exc:  # never break the training loop unless strict
             self._record_error(count, None, exc)
             if self.config.strict:
                 raise self._strict_failure(count, exc) from exc
 
     # ------------------------------------------------------------------ one step
-    def _dump(self, step: int) -> None:
+    def _dump(self, step: int, write: bool = True) -> None:
+        """Take and write one step's figures. ``write=False``: only this rank's share of the sharded
+        parameters' collective (a rank the rank filter leaves out: the others wait for it)."""
         rank = self.rank or 0
         grads: list[tuple[str, torch.Tensor]] = []
+        sharded: list[tuple[str, torch.Tensor]] = []
         missing: list[str] = []
         with torch.no_grad():
             for name, p in self.selected:
+                if is_sharded(p):
+                    sharded.append((name, p))
+                    continue
+                if not write:
+                    continue
                 g = _grad_of(p)
                 if g is None:
                     missing.append(name)
@@ -220,24 +233,41 @@ class GradMonitor(MonitorBase):
                         raise  # recorded once, by on_step
                     self._record_error(step, name, exc)
             blocks = self._blocks(step, grads)
+            if sharded:
+                blocks += self._sharded_blocks(step, sharded)
+            if not write:
+                return
             host = _to_host_packed([(block.columns, block.payload) for block in blocks])
         level, root, bounds, histogram = self.level, self._root, self.bounds, self.histogram
-        records, directions = [], []
+        records, directions, slices = [], [], {}
         for block, (rows, payload) in zip(blocks, host):
             offset = 0
-            for (name, shape, numel), row in zip(block.members, rows):
+            for (name, shape, local_shape, numel, index), row in zip(block.members, rows):
                 data = payload[offset : offset + numel]
                 offset += numel
+                if block.sharded:
+                    row, had, failed = row[:-2], row[-2], row[-1]
+                    if failed:
+                        self._record_error(step, name, ProbeError(
+                            f"the figures of {int(failed)} rank(s)' slices of this sharded gradient failed"))
+                        continue
+                    if not had:
+                        missing.append(name)
+                        continue
                 md5 = None
                 if level == "L0":
-                    md5 = stats.crc32_hex(data)
-                else:
-                    directions.append((csv_format.direction_file(root, rank, step, name), data.reshape(shape)))
+                    md5 = stats.crc32_hex(data)  # of this rank's slice, for a sharded parameter
+                elif numel or not block.sharded:
+                    directions.append((csv_format.direction_file(root, rank, step, name), data.reshape(local_shape)))
+                    if block.sharded:
+                        slices[name] = csv_format.slice_entry(shape, index)
                 records.append(stats.split_stats(name, shape, row, bounds, histogram, md5))
         if len(blocks) > 1:  # the CSV's rows in the parameters' order
-            order = {name: i for i, (name, _g) in enumerate(grads)}
+            order = {name: i for i, (name, _p) in enumerate(self.selected)}
             records.sort(key=lambda r: order[r.name])
-        self._write_step(step, rank, missing, records, directions)
+            if sharded:
+                missing.sort(key=lambda n: order[n])
+        self._write_step(step, rank, missing, records, directions, slices)
 
     def _blocks(self, step: int, grads: list[tuple[str, torch.Tensor]]) -> list[_Block]:
         """The step's statistics on the gradients' devices, as blocks of parameters that share one
@@ -287,7 +317,71 @@ class GradMonitor(MonitorBase):
                                      batched=torch_xp if batched else None)
         flat = torch.cat([g.reshape(-1) for g in gs]) if len(gs) > 1 else gs[0].reshape(-1)
         payload = flat.to(dtype=torch.float32) if self.level == "L0" else flat > 0
-        return _Block([(name, tuple(g.shape), g.numel()) for name, g in batch], columns, payload)
+        return _Block([(name, tuple(g.shape), tuple(g.shape), g.numel(), None) for name, g in batch], columns, payload)
+
+    def _sharded_blocks(self, step: int, params: list[tuple[str, torch.Tensor]]) -> list[_Block]:
+        """The figures of sharded (DTensor) parameters' full gradients, from this rank's slices and
+        one exchange per process-group chain: every rank of the mesh calls this for the same
+        parameters in the same order, and takes part in the exchange whatever happened to its own
+        slices (a failure or a missing gradient is a neutral share, counted), so no rank ever waits
+        in a collective another rank skipped. A block's columns end with two rows: how many ranks
+        had the gradient and how many failed."""
+        chains: dict[tuple[int, ...], tuple[tuple[Any, ...], list[Any]]] = {}
+        for name, p in params:
+            groups = torch_shards.groups_of(p)
+            entry = chains.setdefault(tuple(id(g) for g in groups), (groups, []))
+            entry[1].append((name, p))
+        blocks = []
+        for groups, members in chains.values():
+            blocks.append(self._sharded_block(step, groups, members))
+        return blocks
+
+    def _sharded_block(self, step: int, groups: tuple[Any, ...], members: list[tuple[str, torch.Tensor]]) -> _Block:
+        device = members[0][1]._local_tensor.device
+        dtype = widest_float(device)
+        self._compute_dtypes.add(str(dtype).replace("torch.", ""))
+        xp = self.backend.namespace(members[0][1]._local_tensor)
+        bounds, histogram = self.bounds, self.histogram
+        sums, extremes, described, payloads = [], [], [], []
+        for name, p in members:
+            try:
+                g = _grad_of(p)
+                piece = None
+                if g is not None:
+                    piece = torch_shards.describe(g.detach())
+                    local = piece.local
+                    if not local.is_floating_point():
+                        raise TypeError(f"gradient of dtype {local.dtype} is not a real floating-point tensor")
+                    if local.layout != torch.strided:
+                        local = local.to_dense()
+                    piece = piece._replace(local=local)
+                counted = piece.local if piece is not None and piece.counted else None
+                part = stats.shard_parts(xp, counted, bounds, histogram, dtype, device, had=piece is not None)
+            except Exception as exc:
+                if self.config.strict:
+                    raise
+                log.debug("grad_probe: slice of %s failed at step %d: %r", name, step, exc)
+                piece = None
+                part = stats.shard_parts(xp, None, bounds, histogram, dtype, device, had=False, failed=True)
+            sums.append(part[0])
+            extremes.append(part[1])
+            described.append((name, p, piece))
+        summed, maxed = torch.stack(sums, dim=1), torch.stack(extremes, dim=1)
+        torch_shards.reduce_figures(summed, maxed, groups)
+        columns = torch.cat([stats.combine_shards(xp, summed, maxed, bounds, histogram), summed[3:5]])
+        out_members = []
+        for name, p, piece in described:
+            shape = tuple(int(s) for s in p.shape)
+            if piece is None:
+                out_members.append((name, shape, (0,), 0, None))
+                payloads.append(torch.zeros(0, dtype=torch.float32 if self.level == "L0" else torch.bool, device=device))
+                continue
+            local = piece.local
+            keep = self.level == "L0" or (piece.counted and piece.index is not None)
+            flat = local.reshape(-1) if keep else local.reshape(-1)[:0]
+            payloads.append(flat.to(dtype=torch.float32) if self.level == "L0" else flat > 0)
+            out_members.append((name, shape, tuple(local.shape), flat.numel(), piece.index))
+        return _Block(out_members, columns, torch.cat(payloads), sharded=True)
 
     def _resolve_rank(self) -> int:
         return int(self.backend.rank())
@@ -313,9 +407,12 @@ BATCH_ELEMENTS = 1 << 24
 
 
 class _Block(NamedTuple):
-    members: list[tuple[str, tuple, int]]  # (name, shape, numel) of each parameter, in column order
+    # (name, shape, local shape, payload elements, slice index) of each parameter, in column order;
+    # shape is the full parameter's, local shape and slice index what this rank holds of it
+    members: list[tuple[str, tuple, tuple, int, Any]]
     columns: torch.Tensor  # (width, len(members)) statistics on the device, a column per parameter
     payload: torch.Tensor  # the members' flat payloads, concatenated
+    sharded: bool = False  # columns end with the "had it" and "failed" counts (see _sharded_block)
 
 
 def _to_host_packed(items: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[list[list[float]], Any]]:

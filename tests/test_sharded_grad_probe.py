@@ -20,6 +20,7 @@ import sharded_jobs as jobs
 import torch
 
 from probes import GradComparator
+from probes.backends import torch_xp
 from probes.grad_probe import csv_format, stats
 from probes.grad_probe.sharded_directions import ShardedRun
 from pytest_msprobe.distributed import run_ranks
@@ -36,19 +37,15 @@ CHAINS = {"ddp": 0, "fsdp": 1, "tp": 1, "ddp4": 0, "hsdp": 1, "fsdp_tp": 2}
 # ------------------------------------------------------------------ no process group
 
 
-def _split_figures(g: torch.Tensor, pieces: list[torch.Tensor], copies: int, histogram: bool) -> torch.Tensor:
-    """The combined figures of ``pieces`` (the full tensor's slices), each also held by ``copies - 1``
-    other ranks that do not count it, summed and maxed as the all-reduces would."""
-    sums, maxes = [], []
-    for piece in pieces:
-        for copy in range(copies):
-            s, m = stats.shard_parts(torch_xp_ns(), piece if copy == 0 else None, BOUNDS, histogram,
-                                     torch.float64, piece.device, had=True)
-            sums.append(s)
-            maxes.append(m)
-    summed = torch.stack(sums).sum(0).reshape(-1, 1)
-    maxed = torch.stack(maxes).amax(0).reshape(-1, 1)
-    return stats.combine_shards(torch_xp_ns(), summed, maxed, BOUNDS, histogram)[:, 0]
+def _exchange(per_rank: list[list[stats.SliceShare]], histogram: bool, batched: bool) -> torch.Tensor:
+    """The combined columns of one exchange: each rank's shares summed and maxed as the
+    all-reduces would."""
+    ns = torch_xp_ns()
+    figures = [stats.shard_figures(ns, shares, BOUNDS, histogram, torch.float64, torch.device("cpu"),
+                                   batched=torch_xp if batched else None) for shares in per_rank]
+    summed = torch.stack([s for s, _m in figures]).sum(0)
+    maxed = torch.stack([m for _s, m in figures]).amax(0)
+    return stats.combine_shards(ns, summed, maxed, BOUNDS, histogram)
 
 
 def torch_xp_ns():
@@ -57,9 +54,10 @@ def torch_xp_ns():
     return BACKEND.namespace(torch.zeros(1))
 
 
+@pytest.mark.parametrize("batched", [False, True])
 @pytest.mark.parametrize("histogram", [False, True])
 @pytest.mark.parametrize("case", ["even", "uneven_with_empty", "nan", "inf", "all_empty"])
-def test_slices_combine_to_the_full_tensors_figures(case, histogram):
+def test_slices_combine_to_the_full_tensors_figures(case, histogram, batched):
     g = torch.randn(7, 5, generator=torch.Generator().manual_seed(3), dtype=torch.float32) * 1e-3
     g[0, :2] = 0.0
     if case == "nan":
@@ -68,19 +66,24 @@ def test_slices_combine_to_the_full_tensors_figures(case, histogram):
         g[5, 4] = -math.inf
     if case == "all_empty":
         g = g[:0]
+    # a second gradient of another dtype in the same exchange, sliced the same way
+    h = (torch.arange(35, dtype=torch.float32).reshape(7, 5) - 17).to(torch.bfloat16)[: len(g)]
     cuts = [0, 3, 7] if case != "uneven_with_empty" else [0, 4, 4, 6, 7]
-    pieces = [g[a:b] for a, b in zip(cuts, cuts[1:])] if g.numel() else [g, g]
-    got = _split_figures(g, pieces, copies=2, histogram=histogram)
-    want = stats.stat_vector(torch_xp_ns(), g, BOUNDS, histogram)
-    torch.testing.assert_close(got, want, rtol=1e-12, atol=0.0, equal_nan=True)
-    if histogram:  # the interval fractions and "=0" are counts: exactly the full tensor's
-        assert torch.equal(got[3:], want[3:])
+    per_rank = [[stats.SliceShare(g[a:b], True), stats.SliceShare(h[a:b], True)] for a, b in zip(cuts, cuts[1:])]
+    per_rank += [[stats.SliceShare(None, True), stats.SliceShare(None, True)]] * 2  # replicas, not counted
+    got = _exchange(per_rank, histogram, batched)
+    for column, full in enumerate((g, h)):
+        want = stats.stat_vector(torch_xp_ns(), full, BOUNDS, histogram)
+        torch.testing.assert_close(got[:, column], want, rtol=1e-12, atol=0.0, equal_nan=True)
+        if histogram:  # the interval fractions and "=0" are counts: exactly the full tensor's
+            assert torch.equal(got[3:, column], want[3:])
 
 
-def test_a_failed_slice_is_neutral_and_counted():
+def test_a_failed_share_is_neutral_and_counted():
     ns = torch_xp_ns()
-    s, m = stats.shard_parts(ns, None, BOUNDS, True, torch.float64, torch.device("cpu"), had=False, failed=True)
-    assert s[3] == 0 and s[4] == 1 and torch.all(s[:3] == 0) and torch.all(m == -math.inf)
+    s, m = stats.shard_figures(ns, [stats.SliceShare(None, had=False, failed=True)], BOUNDS, True,
+                               torch.float64, torch.device("cpu"))
+    assert s[:, 0].tolist()[:4] == [0.0, 0.0, 0.0, 1.0] and torch.all(s[4:] == 0) and torch.all(m == -math.inf)
 
 
 def test_slice_entries_round_trip_and_bad_entries_are_refused():

@@ -114,44 +114,82 @@ def stat_columns(xp: Any, grads: Sequence[Any], bounds: Sequence[Bound], histogr
     return xp.concat([batched.extrema(grads, dtype), xp.reshape(batched.norms(grads, dtype), (1, -1))])
 
 
-#: rows of :func:`shard_sums` before the histogram's counts: sum of squares, elements, NaNs,
-#: ranks that had the gradient, ranks that failed to take their figures
-SHARD_SUM_ROWS = 5
+#: rows of the summed figures of sharded gradients before the histogram's counts: sum of
+#: squares, elements, ranks that had the gradient, ranks whose figures failed
+SHARD_SUM_ROWS = 4
 
 
-def shard_parts(xp: Any, g: Any, bounds: Sequence[Bound], histogram: bool, dtype: Any, device: Any, *,
-                had: bool = True, failed: bool = False) -> tuple[Any, Any]:
-    """The figures of one rank's slice of a sharded gradient that combine across ranks: a vector
-    to sum (sum of squares, elements, NaNs, whether this rank had the gradient, whether its
-    figures failed, then at L2 the counts of ``x <= b`` and of ``x == 0``) and one to take the
-    max of (max, -min).
+class SliceShare(NamedTuple):
+    """What one rank adds to one sharded gradient's figures: its slice when it counts (None for a
+    copy another rank counts, no gradient or a failure), and the two flags."""
 
-    ``g`` None is the neutral share: a slice another rank counts (a replicated copy), no gradient
-    (``had=False``) or figures that failed (``failed=True``); every rank takes part in the same
-    collective whatever its slices gave.
+    values: Any
+    had: bool
+    failed: bool = False
+
+
+def shard_figures(xp: Any, shares: Sequence[SliceShare], bounds: Sequence[Bound], histogram: bool, dtype: Any,
+                  device: Any, batched: Any = None) -> tuple[Any, Any]:
+    """This rank's figures of several sharded gradients that combine across ranks, a column per
+    gradient: ``(sums, extremes)``, to be all-reduced by sum (``SHARD_SUM_ROWS`` rows, then at L2
+    the counts of ``x <= b`` and of ``x == 0``) and by max (max, -min).
+
+    A share without values gives the neutral column, so every rank takes part in the same
+    collectives whatever its slices gave. ``batched`` as for :func:`stat_columns`: the extrema and
+    norms of the slices of each dtype in one call each.
     """
+    n = len(shares)
+    host = [[0.0] * n for _ in range(SHARD_SUM_ROWS)]
+    live: dict[Any, list[int]] = {}  # dtype -> indices of the shares with values
+    for i, share in enumerate(shares):
+        host[2][i] = 1.0 if share.had else 0.0
+        host[3][i] = 1.0 if share.failed else 0.0
+        if share.values is not None and math.prod(share.values.shape):
+            host[1][i] = float(math.prod(share.values.shape))
+            live.setdefault(share.values.dtype, []).append(i)
+    order = [i for group in live.values() for i in group]
     width = SHARD_SUM_ROWS + (len(bounds) + 1 if histogram else 0)
-    if g is None or math.prod(g.shape) == 0:
-        flags = [0.0, 0.0, 0.0, 1.0 if had or g is not None else 0.0, 1.0 if failed else 0.0]
-        sums = xp.asarray(flags + [0.0] * (width - SHARD_SUM_ROWS), dtype=dtype, device=device)
-        return sums, xp.asarray([-math.inf, -math.inf], dtype=dtype, device=device)
-    flat = xp.astype(xp.reshape(g, (-1,)), dtype)
-    nan = xp.astype(xp.count_nonzero(flat != flat), dtype)
-    one = xp.asarray(1.0, dtype=dtype, device=device)
-    figures = [xp.sum(flat * flat), float(math.prod(g.shape)) * one, nan, one, 0.0 * one]
-    if histogram:
-        figures += [xp.astype(xp.count_nonzero(flat <= b), dtype) for b in bounds]
-        figures.append(xp.astype(xp.count_nonzero(flat == 0), dtype))
-    return xp.stack(figures), xp.stack([xp.max(flat), -xp.min(flat)])
+    sums, extremes = [], []
+    for group in live.values():
+        gs = [shares[i].values for i in group]
+        if batched is not None:
+            ext = batched.extrema(gs, dtype)
+            sq = batched.norms(gs, dtype)
+            sq = sq * sq
+        else:
+            flats = [xp.astype(xp.reshape(g, (-1,)), dtype) for g in gs]
+            ext = xp.stack([xp.stack([xp.max(f), xp.min(f)]) for f in flats], axis=1)
+            sq = xp.stack([xp.sum(f * f) for f in flats])
+        extremes.append(xp.stack([ext[0], -ext[1]]))
+        rows = [xp.reshape(sq, (1, -1))]
+        if histogram:
+            flats = [xp.astype(xp.reshape(g, (-1,)), dtype) for g in gs]
+            counts = [xp.stack([xp.astype(xp.count_nonzero(f <= b), dtype) for b in bounds]
+                               + [xp.astype(xp.count_nonzero(f == 0), dtype)]) for f in flats]
+            rows.append(xp.stack(counts, axis=1))
+        sums.append(xp.concat(rows))
+    dead = n - len(order)
+    if dead:
+        sums.append(xp.zeros((1 + width - SHARD_SUM_ROWS, dead), dtype=dtype, device=device))
+        extremes.append(xp.full((2, dead), -math.inf, dtype=dtype, device=device))
+    position = [0] * n  # the column of share i in the concatenated (live first, then dead) figures
+    taken = set(order)
+    for k, i in enumerate(order + [i for i in range(n) if i not in taken]):
+        position[i] = k
+    index = xp.asarray(position, device=device)
+    measured = xp.take(xp.concat(sums, axis=1), index, axis=1)
+    flags = xp.asarray(host[1:], dtype=dtype, device=device)
+    summed = xp.concat([measured[:1], flags, measured[1:]])
+    return summed, xp.take(xp.concat(extremes, axis=1), index, axis=1)
 
 
 def combine_shards(xp: Any, sums: Any, extremes: Any, bounds: Sequence[Bound], histogram: bool) -> Any:
     """The :func:`stat_vector` columns, ``(width, n)``, of ``n`` sharded gradients from their
-    reduced figures (``sums`` ``(SHARD_SUM_ROWS + …, n)``, ``extremes`` ``(2, n)``): the same
+    reduced :func:`shard_figures` (``sums`` ``(SHARD_SUM_ROWS + …, n)``, ``extremes`` ``(2, n)``): the same
     max, min, fractions and ``=0`` as the full gradient's, and its norm up to the summation order.
     A NaN anywhere makes max, min and norm NaN, as on the full tensor."""
-    total, nan = sums[1], sums[2]
-    has_nan = nan > 0
+    total = sums[1]
+    has_nan = xp.isnan(sums[0])  # a sum of squares is NaN exactly when some element is NaN
     empty = total == 0
     nan_row = xp.full(total.shape, math.nan, dtype=sums.dtype, device=sums.device)
     bad = has_nan | empty

@@ -341,46 +341,40 @@ class GradMonitor(MonitorBase):
         dtype = widest_float(device)
         self._compute_dtypes.add(str(dtype).replace("torch.", ""))
         xp = self.backend.namespace(members[0][1]._local_tensor)
-        bounds, histogram = self.bounds, self.histogram
-        sums, extremes, described, payloads = [], [], [], []
+        shares, pieces = [], []
+        failure: BaseException | None = None
         for name, p in members:
+            piece = None
             try:
                 g = _grad_of(p)
-                piece = None
                 if g is not None:
                     piece = torch_shards.describe(g.detach())
                     local = piece.local
                     if not local.is_floating_point():
                         raise TypeError(f"gradient of dtype {local.dtype} is not a real floating-point tensor")
-                    if local.layout != torch.strided:
-                        local = local.to_dense()
-                    piece = piece._replace(local=local)
-                counted = piece.local if piece is not None and piece.counted else None
-                part = stats.shard_parts(xp, counted, bounds, histogram, dtype, device, had=piece is not None)
-            except Exception as exc:
-                if self.config.strict:
-                    raise
+                    piece = piece._replace(local=local if local.layout == torch.strided else local.to_dense())
+                shares.append(stats.SliceShare(piece.local if piece is not None and piece.counted else None,
+                                               had=piece is not None))
+            except Exception as exc:  # a neutral share, counted as failed: the exchange goes on
                 log.debug("grad_probe: slice of %s failed at step %d: %r", name, step, exc)
+                failure = failure or exc
                 piece = None
-                part = stats.shard_parts(xp, None, bounds, histogram, dtype, device, had=False, failed=True)
-            sums.append(part[0])
-            extremes.append(part[1])
-            described.append((name, p, piece))
-        summed, maxed = torch.stack(sums, dim=1), torch.stack(extremes, dim=1)
+                shares.append(stats.SliceShare(None, had=False, failed=True))
+            pieces.append(piece)
+        summed, maxed = stats.shard_figures(xp, shares, self.bounds, self.histogram, dtype, device,
+                                            batched=None if self.histogram else torch_xp)
         torch_shards.reduce_figures(summed, maxed, groups)
-        columns = torch.cat([stats.combine_shards(xp, summed, maxed, bounds, histogram), summed[3:5]])
-        out_members = []
-        for name, p, piece in described:
+        if failure is not None and self.config.strict:
+            raise failure  # after the exchange, which the other ranks are in too
+        columns = torch.cat([stats.combine_shards(xp, summed, maxed, self.bounds, self.histogram), summed[2:4]])
+        out_members, payloads = [], []
+        for (name, p), piece in zip(members, pieces):
             shape = tuple(int(s) for s in p.shape)
-            if piece is None:
-                out_members.append((name, shape, (0,), 0, None))
-                payloads.append(torch.zeros(0, dtype=torch.float32 if self.level == "L0" else torch.bool, device=device))
-                continue
-            local = piece.local
-            keep = self.level == "L0" or (piece.counted and piece.index is not None)
+            local = piece.local if piece is not None else torch.zeros(0, device=device)
+            keep = piece is not None and (self.level == "L0" or (piece.counted and piece.index is not None))
             flat = local.reshape(-1) if keep else local.reshape(-1)[:0]
             payloads.append(flat.to(dtype=torch.float32) if self.level == "L0" else flat > 0)
-            out_members.append((name, shape, tuple(local.shape), flat.numel(), piece.index))
+            out_members.append((name, shape, tuple(local.shape), flat.numel(), piece.index if piece else None))
         return _Block(out_members, columns, torch.cat(payloads), sharded=True)
 
     def _resolve_rank(self) -> int:

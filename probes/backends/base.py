@@ -110,6 +110,12 @@ class BackendDefaults:
         """Why the backward stage cannot recompute this call's gradients (its inputs' layout), or None."""
         return None
 
+    def local_call(self, args: tuple, kwargs: dict) -> Any:
+        """For a call on distributed tensors (DTensor), what re-runs it on this rank's local
+        tensors (probes/backends/torch_dtensor.py LocalCall) or why nothing can (a str); None for
+        a call on the framework's ordinary tensors."""
+        return None
+
     def copies_too_large(self, *trees: Any) -> str | None:
         """Why a re-run with copies of these tensors would not fit in the memory left, or None."""
         return None

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from probes.backends import patching, torch_leaves
+from probes.backends import patching, torch_dtensor, torch_leaves
 from probes.backends.patching import (  # noqa: F401 - re-exported for the torch probe
     _HANDLER,
     _TLS,
@@ -276,5 +276,6 @@ class TorchApiPatcher(ApiPatcher):
                     rules.setdefault(meta.original, rules.pop(meta.wrapper))
         if self._window is not None:
             self._window.optimizer_step(None)
+        torch_dtensor.release()  # the watch inside DTensor's dispatcher, if a DTensor call installed it
         super().uninstall()
 

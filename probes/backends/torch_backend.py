@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from probes.backends import torch_autodiff, torch_leaves, torch_memory, torch_xp
+from probes.backends import torch_autodiff, torch_dtensor, torch_leaves, torch_memory, torch_xp
 from probes.backends.base import BackendDefaults
 from probes.core import metrics
 from probes.core.trees import iter_leaves
@@ -127,6 +127,9 @@ class TorchBackend(BackendDefaults):
 
     def backward_reason(self, args: tuple, kwargs: dict) -> str | None:
         return torch_leaves.backward_reason(args, kwargs)
+
+    def local_call(self, args: tuple, kwargs: dict) -> Any:
+        return torch_dtensor.local_call(args, kwargs)
 
     def outside_transforms(self) -> Any:
         return torch_leaves.outside_transforms()

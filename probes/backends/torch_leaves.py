@@ -7,6 +7,9 @@ them (vmap's BatchedTensor, grad's and jvp's GradTrackingTensor, functionalize's
 torch.jit.trace) run the program on tensors without values. free_benchmark's figures are plain
 torch operators read on the host later, so each of these needs a decision:
 
+- a DTensor is measured through its local tensor, when its call computed nothing but the local
+  kernels (probes/backends/torch_dtensor.py decides, and says why not otherwise), an
+  AsyncCollectiveTensor through the collective's result it wraps;
 - a call being traced, or run under a user's dispatch mode (a FlopCounterMode, a logging
   mode), is not re-run at all: the re-run would enter the traced graph or be seen by the mode;
 - a tensor without values (meta, fake) or of an unknown `__torch_dispatch__` subclass: the
@@ -29,6 +32,7 @@ from typing import Any
 
 import torch
 
+from probes.backends import torch_dtensor
 from probes.core.errors import NotMeasurable
 
 _functorch = torch._C._functorch
@@ -113,6 +117,8 @@ def input_reason(t: torch.Tensor) -> str | None:
         return NO_VALUES.format(what=kind.__name__)
     if _known_subclass(t):
         return None
+    if torch_dtensor.handled(kind):
+        return None  # DTensor, a collective's result: re-run on the local tensors when torch_dtensor finds it safe
     return SUBCLASS.format(what=kind.__name__)
 
 

@@ -26,6 +26,10 @@ TRANSFORM_BACKWARD = ("inside a torch.func transform: the backward stage's hooks
                       "the transform keeps to itself; the forward stage judges these calls")
 TRANSFORM_FIX = ("inside a torch.func transform: fix cannot substitute the values of a transformed tensor; "
                  "check judges these calls")
+DISTRIBUTED_FIX = ("distributed tensors (DTensor): fix would substitute values inside a sharded tensor on each "
+                   "rank; check judges these calls on the local tensors")
+DISTRIBUTED_BACKWARD = ("distributed tensors (DTensor): the backward stage's vector-Jacobian products would run on "
+                        "sharded gradients; the forward stage judges these calls on the local tensors")
 DATA_MOVEMENT = ("moves, copies or casts data without arithmetic: a perturbation would only pass through "
                  "(and a one-ulp bf16 perturbation alone exceeds the bf16 threshold)")
 

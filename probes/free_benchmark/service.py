@@ -96,6 +96,9 @@ class Checked(NamedTuple):
     out: Any
     snapshot: Any  # the random state the call ran with, replayed by the re-runs
     sampled: bool  # a preheat CPU sample is due
+    # a DTensor call (the backend's LocalCall): args, kwargs and out are then its plain local
+    # tensors, and a re-run that fails or does not match them in shape is a skip, not an error
+    local: Any = None
 
 
 class Selection:
@@ -278,6 +281,13 @@ class FreeBenchmarkProbe:
         if transformed and (self.backward is not None or self.fb.handler_type == "fix"):
             self._skip(key, exclusions.TRANSFORM_BACKWARD if self.backward is not None else exclusions.TRANSFORM_FIX)
             return original(*args, **kwargs)
+        local = self.backend.local_call(args, kwargs)
+        if local is not None:
+            why = (local if isinstance(local, str) else exclusions.DISTRIBUTED_BACKWARD if self.backward is not None
+                   else exclusions.DISTRIBUTED_FIX if self.fb.handler_type == "fix" else None)
+            if why is not None:
+                self._skip(key, why)
+                return original(*args, **kwargs)
         if self.backward is not None:
             why = self.backend.backward_reason(args, kwargs)
             if why is not None:
@@ -292,9 +302,16 @@ class FreeBenchmarkProbe:
                 return original(*args, **kwargs)
             sampled = sampled and not transformed  # the CPU sample re-runs outside the transform's values
         snapshot = self.backend.rng_snapshot(args)
-        out = original(*args, **kwargs)
+        if local is None:
+            out = original(*args, **kwargs)
+        else:
+            with local.watching():  # what DTensor does around its local kernels decides the re-run
+                out = original(*args, **kwargs)
         try:
-            self._check(Checked(meta, name, stats, original, args, kwargs, out, snapshot, sampled))
+            if local is None:
+                self._check(Checked(meta, name, stats, original, args, kwargs, out, snapshot, sampled))
+            else:
+                self._check_local(Checked(meta, name, stats, original, args, kwargs, out, snapshot, sampled, local))
         except Exception as exc:  # never let the probe break the user's model
             if self.config.strict:
                 raise ProbeError(f"free_benchmark failed on {name}: {exc}") from exc
@@ -303,7 +320,7 @@ class FreeBenchmarkProbe:
 
     def _check(self, call: Checked) -> None:
         b = self.backend
-        meta, name, stats, original, args, kwargs, out, snapshot, sampled = call
+        meta, name, stats, original, args, kwargs, out, snapshot, sampled, local = call
         too_large = b.copies_too_large(args, kwargs, out)
         if too_large is not None:
             self._skip(meta.key, too_large)
@@ -323,8 +340,18 @@ class FreeBenchmarkProbe:
         try:
             with b.no_grad():
                 pert_out = rerun(*pert.args, **pert.kwargs)
+        except Exception as exc:
+            if local is None:
+                raise
+            self._skip(meta.key, local.rerun_failed(exc))
+            return
         finally:
             b.rng_restore(after)
+        if local is not None:
+            why = local.mismatch(out, pert_out, same_dtype=self.fb.pert_mode not in REFERENCE_MODES)
+            if why is not None:
+                self._skip(meta.key, why)
+                return
         if self.fb.handler_type == "fix":  # fix substitutes; it writes no rows (as the reference)
             self._fix(out, pert_out)
             stats.checked += 1
@@ -338,11 +365,21 @@ class FreeBenchmarkProbe:
             pert = None  # free the perturbed (e.g. upcast) inputs before comparing
             self._judge(call, args, kwargs, pert_out, move)
 
+    def _check_local(self, call: Checked) -> None:
+        """A DTensor call: checked as a call on the plain local tensors the rank computed with,
+        when DTensor did nothing else around its local kernels (else skipped, with why)."""
+        seen = call.local.after(call.out)
+        if isinstance(seen, str):
+            self._skip(call.meta.key, seen)
+            return
+        args, kwargs, out = seen
+        self._check(call._replace(args=args, kwargs=kwargs, out=out))
+
     def _judge(self, call: Checked, args: tuple, kwargs: dict, pert_out: Any, move: Any) -> None:
         """Compare the re-run with the original (`args`/`kwargs`: the call's inputs, copies when
         the API mutates them, which the compiled graph's eager review re-runs on)."""
         b = self.backend
-        meta, name, stats, _original, _args, _kwargs, out, snapshot, sampled = call
+        meta, name, stats, _original, _args, _kwargs, out, snapshot, sampled, _local = call
         deferred = self.preheat is None and meta.review is None
         try:
             check = comparison(b, out, pert_out, pert_mode=self.fb.pert_mode, rule=self.fb.rule, input_move=move,
@@ -414,7 +451,7 @@ class FreeBenchmarkProbe:
         CPU run records nothing (the reference counted it as consistent, which can only widen)."""
         b = self.backend
         assert self._cpu_reference is not None and self.preheat is not None
-        meta, name, _stats, original, args, kwargs, out, snapshot, _sampled = call
+        meta, name, _stats, original, args, kwargs, out, snapshot, _sampled, _local = call
         if meta.mutates_inputs:  # copies of the user's inputs: the CPU run must not see the re-run's updates
             args, kwargs = tree_map(_cloner(b), args), tree_map(_cloner(b), kwargs)
         key = meta.key

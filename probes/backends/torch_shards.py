@@ -18,6 +18,7 @@ rank takes alone. torch.distributed is imported only when a DTensor is seen.
 from __future__ import annotations
 
 import sys
+import weakref
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -53,24 +54,41 @@ def is_sharded(t: Any) -> bool:
 def describe(t: Any) -> Slice:
     """The :class:`Slice` of DTensor ``t`` held by this rank.
 
-    A ``Partial`` placement (a summand on each rank) is reduced first, to ``Replicate`` on that
-    mesh dimension: a collective, so every rank of the mesh must call this for the same tensors
-    in the same order.
+    A ``Partial`` placement (a summand on each rank) is reduced first, by a reduce-scatter along
+    the tensor's longest dimension (a slice per rank, never the full tensor on one rank; a 0-d
+    tensor is all-reduced): a collective, so every rank of the mesh must call this for the same
+    tensors in the same order.
     """
-    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor import Replicate, Shard
 
     placements = tuple(t.placements)
     if any(p.is_partial() for p in placements):
-        placements = tuple(Replicate() if p.is_partial() else p for p in placements)
+        into = Shard(max(range(t.ndim), key=lambda d: t.shape[d])) if t.ndim else Replicate()
+        placements = tuple(into if p.is_partial() else p for p in placements)
         t = t.redistribute(t.device_mesh, placements)
+    shape = tuple(int(s) for s in t.shape)
+    try:
+        known = _LAYOUTS.setdefault(t.device_mesh, {})
+    except TypeError:  # a mesh that cannot be weakly referenced: worked out every time
+        known = {}
+    layout = known.get((placements, shape))
+    if layout is None:  # the same for every step of a parameter: worked out once
+        layout = known[(placements, shape)] = _layout(t, placements, shape)
+    return Slice(t._local_tensor, shape, *layout)
+
+
+#: mesh -> {(placements, shape): the rest of a Slice}
+_LAYOUTS: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], tuple[Any, bool, tuple[Any, ...], bool]]] = (
+    weakref.WeakKeyDictionary())
+
+
+def _layout(t: Any, placements: tuple[Any, ...], shape: tuple[int, ...]) -> tuple[Any, bool, tuple[Any, ...], bool]:
     mesh = t.device_mesh
     coordinate = mesh.get_coordinate()
-    shape = tuple(int(s) for s in t.shape)
     if coordinate is None:
-        return Slice(t._local_tensor, shape, None, False, (), False)
+        return None, False, (), False
     counted = all(c == 0 for c, p in zip(coordinate, placements) if not _shard_like(p))
-    return Slice(t._local_tensor, shape, _global_index(shape, mesh, placements, coordinate), counted,
-                 groups_of(t), True)
+    return _global_index(shape, mesh, placements, coordinate), counted, groups_of(t), True
 
 
 def _shard_like(p: Any) -> bool:

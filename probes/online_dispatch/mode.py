@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from probes.backends import npu_references, torch_memory
+from probes.backends import npu_references, torch_dtensor, torch_memory
 from probes.backends.torch_backend import BACKEND
 from probes.compiled import capture
 from probes.compiled import runs as graph_runs
@@ -103,6 +103,12 @@ def _dispatching_subclass(types: Any) -> bool:
 
 
 _PLAIN_DISPATCH = torch.Tensor.__torch_dispatch__
+
+
+def _has_dtensor(types: Any) -> bool:
+    """A DTensor among the op's types: its local kernels come back here on each rank's shards."""
+    dtensor = torch_dtensor.dtensor_class()
+    return dtensor is not None and any(issubclass(t, dtensor) for t in types)
 
 
 class _OpInfo:
@@ -325,7 +331,7 @@ class OnlineDispatchMode(TorchDispatchMode):
             # the op as operators on plain tensors, which come back through this mode and are
             # compared; the subclass-level op is counted apart (a subclass that stands for a plain
             # device tensor, pytest_msprobe.testing.simulated_npu, is compared as one)
-            key = (skip_list.THROUGH_SUBCLASS, func)
+            key = (skip_list.THROUGH_DTENSOR if _has_dtensor(types) else skip_list.THROUGH_SUBCLASS, func)
             self.results.skipped[key] = self.results.skipped.get(key, 0) + 1
             return NotImplemented
         device = None

@@ -27,7 +27,9 @@ CONSTANT_FILL = "fills a constant (*_like, new_*, fill_, zero_): no arithmetic t
 RNG = "random numbers: device and CPU generators differ"
 VIEW = "view or layout-only op: no arithmetic"
 COPY = "copy, cast or device transfer: no arithmetic"
-COLLECTIVE = "collective communication: cannot be re-run on one CPU"
+COLLECTIVE = "collective communication (the program's own or a DTensor redistribution's): cannot be re-run on one CPU"
+REDISTRIBUTION = ("DTensor redistribution (a collective between the ranks of a mesh, e.g. shard_dim_alltoall): "
+                  "cannot be re-run on one CPU")
 HOST_SYNC = "host sync or assertion (item, _local_scalar_dense, _assert_*)"
 DEVICE_QUERY = "asks about the device or backend: the CPU's answer differs by design"
 # Decided per call rather than per overload:
@@ -38,6 +40,8 @@ JIT_TRACE = ("torch.jit.trace: the dispatch modes step aside while it traces (a 
 TORCHSCRIPT = ("run by a TorchScript module (traced or scripted): the dispatch modes step aside (its "
                "interpreter hands a mode arguments it cannot run from Python), so its ops are not compared")
 THROUGH_SUBCLASS = "tensor subclass: compared through the operators its __torch_dispatch__ runs on plain tensors"
+THROUGH_DTENSOR = ("DTensor op: compared through its local kernels (the aten ops it runs on this rank's shards, "
+                   "each counted as compared under its own name); its redistributions are counted as collectives")
 UNSUPPORTED_TENSOR = "tensor subclass, meta, sparse or other non-strided tensors"
 NO_CPU_KERNEL = "the reference run failed on the CPU (first failure recorded in the CSV)"
 NO_CPU_REFERENCE = "a torch_npu operator without a CPU reference in probes/backends/npu_references.py"
@@ -85,7 +89,7 @@ def chains_roundings(func: Any) -> bool:
     return func.namespace == "aten" and name in ATTENTION_BY_CALL and name.endswith("_backward")
 
 
-_COLLECTIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional", "_dtensor", "_c10d_functional_autograd"})
+_COLLECTIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional", "_c10d_functional_autograd"})
 _SEEDED = getattr(torch.Tag, "nondeterministic_seeded", None)
 
 
@@ -112,6 +116,8 @@ def skip_reason(func: Any) -> str | None:
     """The reason this op overload is not compared, or None when it is compared."""
     if func.namespace in _COLLECTIVE_NAMESPACES:
         return COLLECTIVE
+    if func.namespace == "_dtensor":
+        return REDISTRIBUTION
     name = func._opname
     by_name = _BY_NAME.get(name)
     if by_name is not None:

@@ -17,13 +17,26 @@ STEPS = 2
 
 
 def grad_probe_job(dump: str, engine: str, level: str = "L2", steps: int = STEPS, ranks: list[int] | None = None,
-                   flip: tuple[int, str, int] | None = None, probe: bool = True) -> dict[str, Any]:
+                   flip: tuple[int, str, int] | None = None, probe: bool = True,
+                   fail: tuple[int, tuple[int, ...]] | None = None) -> dict[str, Any]:
     """``flip=(rank, param, step)``: on that rank only, the sign of its own slice of that
     parameter's gradient is flipped at that step, before the optimizer step (a seeded defect on
-    one rank's shard)."""
+    one rank's shard). ``fail=(rank, shape)``: on that rank only, the probe cannot read its slice
+    of the gradient of that (full) shape."""
     import torch.distributed as dist
 
+    from probes.backends import torch_shards
     from probes.pytorch import PrecisionDebugger
+
+    if fail is not None and dist.get_rank() == fail[0]:
+        describe = torch_shards.describe
+
+        def failing(t: Any) -> Any:
+            if tuple(t.shape) == tuple(fail[1]):
+                raise RuntimeError("seeded: this rank's slice cannot be read")
+            return describe(t)
+
+        torch_shards.describe = failing
 
     model = engines.build(engine, head=True)
     counter = CollectiveCounter()

@@ -250,3 +250,15 @@ def test_the_merged_report_reads_a_four_rank_two_dimensional_mesh(runs):
     merged = merge_ranks(runs["fsdp_tp"][0], "grad_probe", world_size=4)
     assert [merged["ranks"][f"rank{r}"]["status"] for r in range(4)] == ["clean"] * 4
     assert merged["probe"]["errors"] == 0 and merged["probe"]["checked"] == 4 * 10 * jobs.STEPS
+
+
+def test_a_slice_failing_on_one_rank_is_an_error_on_every_rank_and_nobody_waits(runs, tmp_path):
+    values = _run(tmp_path, "fsdp", fail=(1, (16, 32)))  # l2.weight, on rank 1 only
+    assert values[0]["losses"] == runs["fsdp"][1][0]["losses"]
+    want = _rows(runs["plain"][0], 0, 1)
+    for rank in (0, 1):
+        got = _rows(tmp_path, rank, 1)
+        assert "l2.weight" not in got and set(got) == set(want) - {"l2.weight"}
+        errors = json.loads((tmp_path / f"rank{rank}" / "summary.json").read_text())["errors"]
+        assert [(e["step"], e["param"]) for e in errors] == [(0, "l2.weight"), (1, "l2.weight")]
+        assert "1 rank(s)' slices" in errors[0]["error"]

@@ -262,3 +262,11 @@ def test_a_slice_failing_on_one_rank_is_an_error_on_every_rank_and_nobody_waits(
         errors = json.loads((tmp_path / f"rank{rank}" / "summary.json").read_text())["errors"]
         assert [(e["step"], e["param"]) for e in errors] == [(0, "l2.weight"), (1, "l2.weight")]
         assert "1 rank(s)' slices" in errors[0]["error"]
+
+
+def test_the_rank_filter_selects_global_ranks_of_a_two_dimensional_mesh(runs, tmp_path):
+    values = _run(tmp_path, "fsdp_tp", ranks=[2])  # dp coordinate 1, tp coordinate 0
+    assert values[2]["losses"] == runs["fsdp_tp"][1][2]["losses"]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("rank")) == ["rank2"]
+    want, got = _rows(runs["plain"][0], 0, 1), _rows(tmp_path, 2, 1)
+    assert [float(got[n]["max"]) for n in want] == pytest.approx([float(r["max"]) for r in want.values()], rel=1e-6)

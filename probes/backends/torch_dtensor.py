@@ -97,14 +97,22 @@ class _Watch:
             self.reason = reason
 
 
-def _noting(reason: str) -> None:
+def _noting(reason: str, *details: Any) -> None:
+    """Note why the watched call on this thread cannot be re-run (`reason` formatted with the
+    details, joined by arrows: a redistribution's source and target); a no-op on other threads.
+    Called inside DTensor's dispatch, so it never raises."""
     watch = getattr(_TLS, "watch", None)
-    if watch is not None:
-        watch.note(reason)
+    if watch is not None and watch.reason is None:
+        try:
+            watch.note(reason.format(what=" -> ".join(map(_described, details))))
+        except Exception:
+            watch.note(reason.format(what="?"))
 
 
-def _placements(spec: Any) -> str:
-    return ", ".join(repr(p) for p in getattr(spec, "placements", ())) or "?"
+def _described(x: Any) -> str:
+    if hasattr(x, "placements"):
+        return ", ".join(repr(p) for p in x.placements) or "?"
+    return str(x)
 
 
 # custom handlers that answer a question about the tensors and compute nothing
@@ -118,7 +126,7 @@ class _RecordingSet(set):
     def __contains__(self, op: object) -> bool:
         found = set.__contains__(self, op)
         if found:
-            _noting(RANDOM_OP.format(what=op))
+            _noting(RANDOM_OP, op)
         return found
 
 
@@ -160,7 +168,7 @@ class _Hooks:
                 return False
 
             def observe_redistribution(cls: Any, src_spec: Any, dst_spec: Any, *rest: Any, **kw: Any) -> Any:
-                _noting(REDISTRIBUTED.format(what=f"{_placements(src_spec)} -> {_placements(dst_spec)}"))
+                _noting(REDISTRIBUTED, src_spec, dst_spec)
                 return observe(cls, src_spec, dst_spec, *rest, **kw)
 
             context.observe_redistribution = classmethod(observe_redistribution)
@@ -206,7 +214,7 @@ class _Hooks:
 
 def _handler_wrapper(op: Any, handler: Any) -> Any:
     def custom_handler(*args: Any, **kwargs: Any) -> Any:
-        _noting(CUSTOM_HANDLER.format(what=op))
+        _noting(CUSTOM_HANDLER, op)
         return handler(*args, **kwargs)
 
     return custom_handler
@@ -253,7 +261,11 @@ class LocalCall:
         if self.mesh is None:
             yield
             return
-        if not HOOKS.install():
+        try:
+            watchable = HOOKS.install()
+        except Exception:  # torch's dispatcher is not as expected: nothing is re-run, the call goes on
+            watchable = False
+        if not watchable:
             self.reason = UNOBSERVABLE
             yield
             return

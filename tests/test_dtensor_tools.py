@@ -142,6 +142,24 @@ def test_fix_and_the_backward_stage_leave_dtensor_calls_to_check(mesh, tmp_path)
     assert reasons_of(s, "Torch.sigmoid") == {exclusions.DISTRIBUTED_BACKWARD}
 
 
+def test_a_compiled_graph_on_dtensors_is_left_unchecked(mesh, tmp_path):
+    from probes.backends.patching import ApiMeta
+
+    Partial, Replicate, Shard = placements()
+    x = dtensor(mesh, (4, 6), Shard(0), seed=1)
+    graph = ApiMeta("Graph", "forward_0", None, "forward_0", torch.sin, reference=torch.sin,
+                    review=lambda *a: pytest.fail("a DTensor graph must not be judged"))
+    dbg = PrecisionDebugger(config={"task": "free_benchmark", "dump_path": str(tmp_path / "dump"),
+                                    "free_benchmark": {"pert_mode": "improve_precision"}})
+    dbg.start()
+    try:
+        out = dbg.probe.on_call(graph, torch.sin, (x,), {})  # what FreeBenchmarkGraphs hands the probe
+    finally:
+        dbg.stop()
+    assert torch.equal(out.to_local(), torch.sin(x.to_local()))
+    assert reasons_of(dbg.summary(), "Graph.forward_0") == {exclusions.DISTRIBUTED_GRAPH}
+
+
 def test_a_seeded_half_precision_defect_on_the_shards_is_caught(mesh, tmp_path, monkeypatch):
     Partial, Replicate, Shard = placements()
     monkeypatch.setattr(torch, "expm1", jobs.naive_expm1)  # before the probe wraps it

@@ -30,6 +30,9 @@ DISTRIBUTED_FIX = ("distributed tensors (DTensor): fix would substitute values i
                    "rank; check judges these calls on the local tensors")
 DISTRIBUTED_BACKWARD = ("distributed tensors (DTensor): the backward stage's vector-Jacobian products would run on "
                         "sharded gradients; the forward stage judges these calls on the local tensors")
+DISTRIBUTED_GRAPH = ("a compiled graph on distributed tensors (DTensor): its compiled code computes the shards and "
+                     "their redistributions where DTensor's dispatcher does not show them, so no re-run is known to "
+                     "be the same computation")
 DATA_MOVEMENT = ("moves, copies or casts data without arithmetic: a perturbation would only pass through "
                  "(and a one-ulp bf16 perturbation alone exceeds the bf16 threshold)")
 

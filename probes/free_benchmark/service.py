@@ -283,7 +283,8 @@ class FreeBenchmarkProbe:
             return original(*args, **kwargs)
         local = self.backend.local_call(args, kwargs)
         if local is not None:
-            why = (local if isinstance(local, str) else exclusions.DISTRIBUTED_BACKWARD if self.backward is not None
+            why = (local if isinstance(local, str) else exclusions.DISTRIBUTED_GRAPH if meta.review is not None
+                   else exclusions.DISTRIBUTED_BACKWARD if self.backward is not None
                    else exclusions.DISTRIBUTED_FIX if self.fb.handler_type == "fix" else None)
             if why is not None:
                 self._skip(key, why)

@@ -129,6 +129,17 @@ def test_partial_sum_mixed_and_handled_inputs_are_skipped_with_their_reasons(mes
     assert s["apis"]["Torch.mul"]["checked"] == 1 and not reasons_of(s, "Torch.mul")
 
 
+def test_inputs_on_two_meshes_are_not_rerun(mesh):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    Partial, Replicate, Shard = placements()
+    other = init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))
+    a, b = dtensor(mesh, (4, 6), Shard(0)), dtensor(other, (4, 6), Shard(0))
+    assert td.local_call((a, b), {}) == td.MESHES_DIFFER
+    assert td.local_call(([a, a],), {"other": a}).mesh is mesh  # nested and keyword DTensors: one mesh
+    assert td.local_call((torch.ones(2), 3.0), {}) is None  # no DTensor: the usual path
+
+
 def test_fix_and_the_backward_stage_leave_dtensor_calls_to_check(mesh, tmp_path):
     Partial, Replicate, Shard = placements()
     x = dtensor(mesh, (4, 6), Shard(0), seed=1)

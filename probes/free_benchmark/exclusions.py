@@ -26,10 +26,11 @@ TRANSFORM_BACKWARD = ("inside a torch.func transform: the backward stage's hooks
                       "the transform keeps to itself; the forward stage judges these calls")
 TRANSFORM_FIX = ("inside a torch.func transform: fix cannot substitute the values of a transformed tensor; "
                  "check judges these calls")
-DISTRIBUTED_FIX = ("distributed tensors (DTensor): fix would substitute values inside a sharded tensor on each "
-                   "rank; check judges these calls on the local tensors")
-DISTRIBUTED_BACKWARD = ("distributed tensors (DTensor): the backward stage's vector-Jacobian products would run on "
-                        "sharded gradients; the forward stage judges these calls on the local tensors")
+DISTRIBUTED_FIX = ("distributed tensors (DTensor, a collective's result): fix would substitute values inside a "
+                   "sharded tensor on each rank; check judges these calls on the local tensors")
+DISTRIBUTED_BACKWARD = ("distributed tensors (DTensor, a collective's result): the backward stage's vector-Jacobian "
+                        "products would run on sharded gradients; the forward stage judges these calls on the local "
+                        "tensors")
 DISTRIBUTED_GRAPH = ("a compiled graph on distributed tensors (DTensor): its compiled code computes the shards and "
                      "their redistributions where DTensor's dispatcher does not show them, so no re-run is known to "
                      "be the same computation")

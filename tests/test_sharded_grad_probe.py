@@ -86,6 +86,19 @@ def test_a_failed_share_is_neutral_and_counted():
     assert s[:, 0].tolist()[:4] == [0.0, 0.0, 0.0, 1.0] and torch.all(s[4:] == 0) and torch.all(m == -math.inf)
 
 
+def test_flat_partitions_reassemble(tmp_path):
+    """An engine that partitions the flattened parameter (DeepSpeed ZeRO) writes 1-D slices."""
+    from probes.grad_probe.comparator import rank_dirs, step_dirs
+
+    full = np.random.default_rng(1).random((6, 4)) > 0.5
+    _write_sharded_dump(tmp_path, full, [(0, range(0, 10)), (1, range(10, 24))])
+    signs, held = ShardedRun.of(rank_dirs(tmp_path), step_dirs).assemble(0, "w")
+    assert held.all() and np.array_equal(signs, full)
+    assert csv_format.slice_indices({"shape": [6, 4], "flat": [10, 24]}) == range(10, 24)
+    with pytest.raises(ValueError):
+        csv_format.slice_indices({"shape": [6, 4], "flat": [10, 25]})
+
+
 def test_slice_entries_round_trip_and_bad_entries_are_refused():
     entry = csv_format.slice_entry((6, 4), (range(2, 4), (0, 2, 3)))
     assert entry == {"shape": [6, 4], "index": [[2, 4], {"take": [0, 2, 3]}]}
@@ -96,11 +109,15 @@ def test_slice_entries_round_trip_and_bad_entries_are_refused():
             csv_format.slice_indices(bad)
 
 
-def _write_sharded_dump(root: Path, full: np.ndarray, layout: list[tuple[int, tuple]], step: int = 0) -> None:
-    """A dump whose ranks each wrote the slices ``layout`` gives them (rank, per-dimension index)."""
+def _write_sharded_dump(root: Path, full: np.ndarray, layout: list[tuple[int, tuple | range]], step: int = 0) -> None:
+    """A dump whose ranks each wrote the slices ``layout`` gives them (rank, per-dimension index,
+    or a range of the flattened parameter)."""
     per_rank: dict[int, dict] = {}
     for rank, index in layout:
-        part = full[np.ix_(*[np.asarray(list(i)) for i in index])]
+        if isinstance(index, range):
+            part = full.reshape(-1)[index.start : index.stop]
+        else:
+            part = full[np.ix_(*[np.asarray(list(i)) for i in index])]
         csv_format.write_direction(csv_format.direction_path(root, rank, step, "w"), part)
         per_rank.setdefault(rank, {})["w"] = csv_format.slice_entry(full.shape, index)
     for rank, params in per_rank.items():

@@ -20,11 +20,11 @@ from __future__ import annotations
 import sys
 import weakref
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
-__all__ = ["Slice", "describe", "groups_of", "is_sharded", "reduce_figures"]
+__all__ = ["DTENSOR_PARAMS", "PartitionedParams", "Slice", "describe", "groups_of", "is_sharded", "reduce_figures"]
 
 #: the global indices of a slice along one dimension: a ``range`` when contiguous, else the
 #: explicit indices (strided shards, as FSDP2 on top of tensor parallelism may give)
@@ -36,10 +36,43 @@ class Slice(NamedTuple):
 
     local: torch.Tensor  # plain tensor: what this rank holds
     shape: tuple[int, ...]  # the full tensor's shape
-    index: tuple[DimIndex, ...] | None  # per dimension, the global indices held; None: unknown
+    # per dimension, the global indices held; or a range of positions in the flattened full
+    # tensor (partitioned optimizers split the flat parameter); None: unknown
+    index: tuple[DimIndex, ...] | range | None
     counted: bool  # this rank's values count once in the full tensor's figures
     groups: tuple[Any, ...]  # the process groups to combine over, in order (None: the default group)
     in_mesh: bool  # this rank is part of the tensor's mesh
+
+
+class PartitionedParams(Protocol):
+    """How an engine that splits parameters across ranks says what this rank holds of one: the
+    parameters it owns, the process groups their figures combine over, and this rank's slice of
+    a parameter's gradient (None: no gradient on this rank). ``slice`` may be a collective (the
+    caller calls it on every rank, for the same parameters in the same order)."""
+
+    def owns(self, p: Any) -> bool: ...
+
+    def groups(self, p: Any) -> tuple[Any, ...]: ...
+
+    def slice(self, p: Any) -> Slice | None: ...
+
+
+class _DTensorParams:
+    """FSDP2 and tensor parallelism: the parameter and its gradient are DTensors."""
+
+    def owns(self, p: Any) -> bool:
+        return is_sharded(p)
+
+    def groups(self, p: Any) -> tuple[Any, ...]:
+        return groups_of(p)
+
+    def slice(self, p: Any) -> Slice | None:
+        g = getattr(p, "main_grad", None)
+        g = p.grad if g is None else g
+        return None if g is None else describe(g.detach())
+
+
+DTENSOR_PARAMS: PartitionedParams = _DTensorParams()
 
 
 def is_sharded(t: Any) -> bool:

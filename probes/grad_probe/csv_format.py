@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import functools
 import io
+import math
 import os
 import re
 from collections.abc import Iterable, Sequence
@@ -144,18 +145,28 @@ def slices_path(root: str | os.PathLike[str], rank: int, step: int) -> Path:
     return Path(root) / f"rank{rank}" / f"step{step}" / SLICES_JSON
 
 
-def slice_entry(shape: Sequence[int], index: Sequence[Any]) -> dict[str, Any]:
-    """One parameter's entry of ``shards.json``: the full shape and, per dimension, the global
-    indices this rank's direction file holds, ``[start, stop]`` for a contiguous run (``range``)
-    or ``{"take": [i, j, …]}`` for explicit indices (a strided shard)."""
+def slice_entry(shape: Sequence[int], index: Sequence[Any] | range) -> dict[str, Any]:
+    """One parameter's entry of ``shards.json``: the full shape and either, per dimension, the
+    global indices this rank's direction file holds (``"index"``: ``[start, stop]`` for a
+    contiguous run, a ``range``, or ``{"take": [i, j, …]}`` for explicit indices, a strided shard),
+    or, for an engine that partitions the flattened parameter (a ``range``), the positions held in
+    it (``"flat": [start, stop]``; the file is then 1-D)."""
+    if isinstance(index, range):
+        return {"shape": [int(s) for s in shape], "flat": [index.start, index.stop]}
     dims = [[d.start, d.stop] if isinstance(d, range) else {"take": [int(i) for i in d]} for d in index]
     return {"shape": [int(s) for s in shape], "index": dims}
 
 
-def slice_indices(entry: dict[str, Any]) -> tuple[list[int] | range, ...]:
-    """The per-dimension global indices of a ``shards.json`` entry (inverse of :func:`slice_entry`);
-    ValueError for an entry that is not one."""
+def slice_indices(entry: dict[str, Any]) -> tuple[list[int] | range, ...] | range:
+    """The per-dimension global indices of a ``shards.json`` entry, or the ``range`` of a flat
+    one (inverse of :func:`slice_entry`); ValueError for an entry that is not one."""
     shape, dims = entry.get("shape"), entry.get("index")
+    flat = entry.get("flat")
+    if flat is not None and isinstance(shape, list):
+        if not (isinstance(flat, list) and len(flat) == 2 and 0 <= int(flat[0]) <= int(flat[1])
+                <= math.prod(int(s) for s in shape)):
+            raise ValueError(f"not a shards.json flat range: {flat!r} of shape {shape!r}")
+        return range(int(flat[0]), int(flat[1]))
     if not isinstance(shape, list) or not isinstance(dims, list) or len(shape) != len(dims):
         raise ValueError(f"not a shards.json entry: {entry!r}")
     out: list[list[int] | range] = []

@@ -108,6 +108,14 @@ class ShardedRun:
             except (OSError, ValueError, EOFError) as exc:
                 log.warning("%s at step %d: cannot read the slice %s: %s", param, step, path, exc)
                 return None
+            if isinstance(index, range):  # positions in the flattened parameter
+                if part.dtype != np.bool_ or part.size != len(index):
+                    log.warning("%s at step %d: %s holds %s %s, shards.json says %d elements", param, step, path,
+                                part.dtype, part.shape, len(index))
+                    return None
+                signs.reshape(-1)[index.start : index.stop] = part.reshape(-1)
+                covered.reshape(-1)[index.start : index.stop] = True
+                continue
             want = tuple(len(i) for i in index)
             if part.dtype != np.bool_ or part.shape != want:
                 log.warning("%s at step %d: %s holds %s %s, shards.json says %s", param, step, path, part.dtype,

@@ -36,6 +36,7 @@ Differences from msprobe 8.3.3:
 from __future__ import annotations
 
 import logging
+import sys
 import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
@@ -45,7 +46,6 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from probes.backends import torch_shards, torch_xp
 from probes.backends.torch_backend import BACKEND, widest_float
-from probes.backends.torch_shards import is_sharded
 from probes.core.config import ProbeConfig
 from probes.core.errors import ProbeError
 from probes.grad_probe import csv_format, stats
@@ -191,7 +191,7 @@ class GradMonitor(MonitorBase):
                 return
             if self.config.selects_rank(self.rank):
                 self._dump(count)
-            elif any(is_sharded(p) for _n, p in self.selected):
+            elif any(partitioning(p) is not None for _n, p in self.selected):
                 # a rank the filter leaves out still adds its slices to the figures the others write
                 self._dump(count, write=False)
         except Exception as exc:  # never break the training loop unless strict
@@ -209,7 +209,7 @@ class GradMonitor(MonitorBase):
         missing: list[str] = []
         with torch.no_grad():
             for name, p in self.selected:
-                if is_sharded(p):
+                if partitioning(p) is not None:
                     sharded.append((name, p))
                     continue
                 if not write:
@@ -328,7 +328,7 @@ class GradMonitor(MonitorBase):
         had the gradient and how many failed."""
         chains: dict[tuple[int, ...], tuple[tuple[Any, ...], list[Any]]] = {}
         for name, p in params:
-            groups = torch_shards.groups_of(p)
+            groups = partitioning(p).groups(p)
             entry = chains.setdefault(tuple(id(g) for g in groups), (groups, []))
             entry[1].append((name, p))
         blocks = []
@@ -337,18 +337,17 @@ class GradMonitor(MonitorBase):
         return blocks
 
     def _sharded_block(self, step: int, groups: tuple[Any, ...], members: list[tuple[str, torch.Tensor]]) -> _Block:
-        device = members[0][1]._local_tensor.device
+        device = _local_device(members[0][1])
         dtype = widest_float(device)
         self._compute_dtypes.add(str(dtype).replace("torch.", ""))
-        xp = self.backend.namespace(members[0][1]._local_tensor)
+        xp = self.backend.namespace(torch.zeros(0, device=device))
         shares, pieces = [], []
         failure: BaseException | None = None
         for name, p in members:
             piece = None
             try:
-                g = _grad_of(p)
-                if g is not None:
-                    piece = torch_shards.describe(g.detach())
+                piece = partitioning(p).slice(p)
+                if piece is not None:
                     local = piece.local
                     if not local.is_floating_point():
                         raise TypeError(f"gradient of dtype {local.dtype} is not a real floating-point tensor")
@@ -437,6 +436,24 @@ def _to_host_packed(items: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tupl
 
 
 _NUMPY = {torch.float64: "float64", torch.float32: "float32", torch.bool: "bool"}
+
+
+def partitioning(p: torch.Tensor) -> torch_shards.PartitionedParams | None:
+    """The engine that splits parameter ``p`` across ranks (FSDP2 / tensor parallelism's DTensor,
+    DeepSpeed ZeRO), or None for a parameter every rank holds whole."""
+    if torch_shards.DTENSOR_PARAMS.owns(p):
+        return torch_shards.DTENSOR_PARAMS
+    if "deepspeed" in sys.modules:
+        from probes.backends.torch_zero import ZERO_PARAMS
+
+        if ZERO_PARAMS.owns(p):
+            return ZERO_PARAMS
+    return None
+
+
+def _local_device(p: torch.Tensor) -> torch.device:
+    local = getattr(p, "_local_tensor", None)
+    return (local if local is not None else p).device
 
 
 def _grad_of(p: torch.Tensor) -> torch.Tensor | None:

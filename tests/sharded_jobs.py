@@ -86,3 +86,60 @@ def partial_gradient_job(dump: str) -> dict[str, Any]:
     opt.step()
     debugger.stop()
     return {"summand": summand.tolist()}
+
+
+def tools_job(dump: str, engine: str, tool: str, rank_filter: list[int] | None = None,
+              defect_rank: int | None = None) -> dict[str, Any]:
+    """Two training steps of the engine's MLP under free_benchmark or online_dispatch, with a
+    seeded defect on ``defect_rank`` only: free_benchmark's naive half-precision expm1, or the
+    tanh kernel online_dispatch's reference disagrees with (tests/multirank_jobs.py)."""
+    import os
+
+    import multirank_jobs
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    model = engines.build(engine)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    small = torch.linspace(1e-3, 2e-2, 8).half()
+    saved_expm1 = torch.expm1
+    losses = []
+    if tool == "free_benchmark":
+        from probes.pytorch import PrecisionDebugger
+
+        config: dict[str, Any] = {"task": tool, "dump_path": dump, "free_benchmark": {"pert_mode": "improve_precision"}}
+        if rank_filter is not None:
+            config["rank"] = rank_filter
+        if rank == defect_rank:  # before the debugger, which takes the APIs it wraps when it is made
+            torch.expm1 = multirank_jobs.naive_expm1
+        debugger = PrecisionDebugger(config=config)
+        try:
+            for step in range(STEPS):
+                debugger.start()
+                loss = engines.loss_of(engine, model(engines.batch(engine, step)))
+                loss.backward()
+                torch.expm1(small)
+                debugger.stop()
+                opt.step()
+                opt.zero_grad()
+                debugger.step()
+                losses.append(float(engines.full_value(loss.detach()).item()))
+        finally:
+            torch.expm1 = saved_expm1
+    else:
+        from probes.pytorch.online_dispatch import PtdbgDispatch
+
+        if defect_rank is not None:
+            os.environ["MULTIRANK_DEFECT_RANK"] = str(defect_rank)
+        try:
+            with PtdbgDispatch(dump_mode="auto", dump_path=dump):
+                for step in range(STEPS):
+                    loss = engines.loss_of(engine, model(engines.batch(engine, step)))
+                    loss.backward()
+                    torch.ops.multirank_jobs.rank_tanh(-small.float())  # negative: its sign is lost
+                    opt.step()
+                    opt.zero_grad()
+                    losses.append(float(engines.full_value(loss.detach()).item()))
+        finally:
+            os.environ.pop("MULTIRANK_DEFECT_RANK", None)
+    return {"rank": rank, "losses": losses}

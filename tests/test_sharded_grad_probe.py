@@ -287,3 +287,20 @@ def test_the_rank_filter_selects_global_ranks_of_a_two_dimensional_mesh(runs, tm
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("rank")) == ["rank2"]
     want, got = _rows(runs["plain"][0], 0, 1), _rows(tmp_path, 2, 1)
     assert [float(got[n]["max"]) for n in want] == pytest.approx([float(r["max"]) for r in want.values()], rel=1e-6)
+
+
+@pytest.mark.parametrize("tool", ["free_benchmark", "online_dispatch"])
+def test_rank_filter_per_rank_files_and_the_merged_report_on_a_two_dimensional_mesh(tool, tmp_path):
+    """FSDP2 x TP on 4 ranks, a defect seeded on rank 2 only: the merged report names rank 2
+    first; free_benchmark's rank filter [1, 2] leaves ranks 0 and 3 'not selected'."""
+    ranks = [1, 2] if tool == "free_benchmark" else None
+    values = run_ranks(jobs.tools_job, 4, (str(tmp_path), "fsdp_tp", tool, ranks, 2), timeout=TIMEOUT_S).values
+    plain = run_ranks(jobs.tools_job, 4, (str(tmp_path / "plain"), "fsdp_tp", tool), timeout=TIMEOUT_S).values
+    assert [v["losses"] for v in values] == [v["losses"] for v in plain]  # the probe changes nothing
+    merged = merge_ranks(tmp_path, tool, world_size=4)
+    statuses = [merged["ranks"][f"rank{r}"]["status"] for r in range(4)]
+    if tool == "free_benchmark":
+        assert statuses == ["not selected", "clean", "flagged", "not selected"]
+    else:
+        assert statuses == ["clean", "clean", "flagged", "clean"]
+    assert merged["flagged_ranks"] == [2] and merged["first"]["rank"] == 2

@@ -89,17 +89,18 @@ def partial_gradient_job(dump: str) -> dict[str, Any]:
 
 
 def tools_job(dump: str, engine: str, tool: str, rank_filter: list[int] | None = None,
-              defect_rank: int | None = None) -> dict[str, Any]:
-    """Two training steps of the engine's MLP under free_benchmark or online_dispatch, with a
-    seeded defect on ``defect_rank`` only: free_benchmark's naive half-precision expm1, or the
-    tanh kernel online_dispatch's reference disagrees with (tests/multirank_jobs.py)."""
+              defect_rank: int | None = None, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
+    """Two training steps of the engine's MLP (in ``dtype``) under free_benchmark or
+    online_dispatch, with a seeded defect on ``defect_rank`` only: free_benchmark's naive
+    half-precision expm1, or the tanh kernel online_dispatch's reference disagrees with
+    (tests/multirank_jobs.py)."""
     import os
 
     import multirank_jobs
     import torch.distributed as dist
 
     rank = dist.get_rank()
-    model = engines.build(engine)
+    model = engines.build(engine, dtype=dtype)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     small = torch.linspace(1e-3, 2e-2, 8).half()
     saved_expm1 = torch.expm1
@@ -116,7 +117,7 @@ def tools_job(dump: str, engine: str, tool: str, rank_filter: list[int] | None =
         try:
             for step in range(STEPS):
                 debugger.start()
-                loss = engines.loss_of(engine, model(engines.batch(engine, step)))
+                loss = engines.loss_of(engine, model(engines.batch(engine, step, dtype)))
                 loss.backward()
                 torch.expm1(small)
                 debugger.stop()
@@ -134,7 +135,7 @@ def tools_job(dump: str, engine: str, tool: str, rank_filter: list[int] | None =
         try:
             with PtdbgDispatch(dump_mode="auto", dump_path=dump):
                 for step in range(STEPS):
-                    loss = engines.loss_of(engine, model(engines.batch(engine, step)))
+                    loss = engines.loss_of(engine, model(engines.batch(engine, step, dtype)))
                     loss.backward()
                     torch.ops.multirank_jobs.rank_tanh(-small.float())  # negative: its sign is lost
                     opt.step()
@@ -143,3 +144,33 @@ def tools_job(dump: str, engine: str, tool: str, rank_filter: list[int] | None =
         finally:
             os.environ.pop("MULTIRANK_DEFECT_RANK", None)
     return {"rank": rank, "losses": losses}
+
+
+def main(argv: list[str]) -> int:
+    """Under torchrun: ``sharded_jobs.py ENGINE DUMP`` runs grad_probe, free_benchmark and
+    online_dispatch jobs one after the other on the engine and writes each rank's losses."""
+    import json
+    import os
+
+    import torch.distributed as dist
+
+    engine, dump = argv
+    dist.init_process_group("gloo")
+    try:
+        out = {"grad_probe": grad_probe_job(os.path.join(dump, "grad_probe"), engine)["losses"]}
+        for tool in ("free_benchmark", "online_dispatch"):
+            for dtype in (torch.float32, torch.bfloat16):
+                key = f"{tool}_{str(dtype).removeprefix('torch.')}"
+                out[key] = tools_job(os.path.join(dump, key), engine, tool, dtype=dtype)["losses"]
+        out["plain"] = grad_probe_job(os.path.join(dump, "plain"), engine, probe=False)["losses"]
+        with open(os.path.join(dump, f"done{dist.get_rank()}.json"), "w", encoding="utf-8") as f:
+            json.dump(out, f)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(main(sys.argv[1:]))

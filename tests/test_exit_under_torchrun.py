@@ -86,3 +86,19 @@ def test_the_plugin_under_torchrun_never_aborts_at_exit(tmp_path, task):
             assert list(summary["tests"]) and summary["tool"] == task
         assert not (tmp_path / f"out{i}" / "summary.json").exists()
     assert not failures, f"{len(failures)} runs failed:\n" + "\n".join(failures)
+
+
+def test_a_tensor_parallel_job_under_each_tool_ends_well_under_torchrun(tmp_path):
+    """torchrun, 2 ranks, tensor parallelism: grad_probe, free_benchmark and online_dispatch in
+    turn, exit status 0, and each tool's losses those of the plain run."""
+    rc, out = _torchrun([str(ROOT / "tests" / "sharded_jobs.py"), "tp", str(tmp_path)], tmp_path)
+    assert rc == 0, out[-3000:]
+    for rank in (0, 1):
+        losses = json.loads((tmp_path / f"done{rank}.json").read_text())
+        assert losses["grad_probe"] == losses["plain"]
+        for dtype in ("float32", "bfloat16"):  # the same model under both (without grad_probe's head)
+            assert losses[f"free_benchmark_{dtype}"] == losses[f"online_dispatch_{dtype}"]
+        rows = (tmp_path / "grad_probe" / f"rank{rank}" / "grad_summary_1.csv").read_text(encoding="utf-8-sig")
+        assert '"[32, 16]"' in rows  # l1.weight's full shape, on both ranks
+        summary = json.loads((tmp_path / "free_benchmark_bfloat16" / f"summary_rank{rank}.json").read_text())
+        assert summary["apis"]["Functional.linear"]["checked"] >= 4 and not summary["flagged"]

@@ -304,3 +304,10 @@ def test_rank_filter_per_rank_files_and_the_merged_report_on_a_two_dimensional_m
     else:
         assert statuses == ["clean", "clean", "flagged", "clean"]
     assert merged["flagged_ranks"] == [2] and merged["first"]["rank"] == 2
+
+
+def test_the_step_filter_under_fsdp(runs, tmp_path):
+    _run(tmp_path, "fsdp", step_filter=[1])
+    for rank in (0, 1):
+        assert sorted(p.name for p in (tmp_path / f"rank{rank}").glob("grad_summary_*.csv")) == ["grad_summary_1.csv"]
+        assert _rows(tmp_path, rank, 1) == _rows(runs["fsdp"][0], rank, 1)

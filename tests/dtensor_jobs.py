@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 STEPS = 2
+_LINEAR = torch.nn.functional.linear  # the real one, for the seeded row-wise defect
 
 
 def issued() -> int:
@@ -31,6 +32,24 @@ def naive_expm1(x: torch.Tensor) -> torch.Tensor:
     """exp(x) - 1: cancellation loses every digit of small x in half precision (the seeded defect,
     installed over torch.expm1 before the probe wraps it; here it runs on each rank's shard)."""
     return torch.exp(x) - 1
+
+
+def fp8_rowwise_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear with a broken half-precision kernel for row-parallel layers: each rank's partial
+    sum (its input shard times its weight shard, plus its part of the bias) is kept in float8
+    before the layer's all-reduce (the seeded defect on the row-wise layers' local computation,
+    installed over F.linear before the probe wraps it). Column-wise layers, float32 calls and the
+    float32 re-run of improve_precision are exact, so only the row-wise layers are wrong."""
+    y = _LINEAR(x, weight, bias)
+    if y.dtype in (torch.bfloat16, torch.float16) and _row_parallel(weight):
+        return y.to(torch.float8_e4m3fn).to(y.dtype)  # DTensor keeps the partial sum: no collective
+    return y
+
+
+def _row_parallel(weight: Any) -> bool:
+    from torch.distributed.tensor import Shard
+
+    return any(isinstance(p, Shard) and p.dim in (1, -1) for p in getattr(weight, "placements", ()))
 
 
 class ExpBlock(torch.nn.Module):
@@ -124,20 +143,30 @@ def _train(engine: str, dtype: torch.dtype, tool: str | None, dump: str, model: 
 
 
 def partial_input() -> Any:
-    """A call on a partial sum (what a row-parallel matmul returns before its all-reduce), as a
-    function to call inside the probed window (the mesh and the tensor are made here, outside)."""
+    """A call on a partial sum (what a row-parallel matmul returns before its all-reduce) and a
+    softmax over a sharded dimension (DTensor all-gathers it first), as a function to call inside
+    the probed window (the mesh and the tensors are made here, outside)."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor, Partial
+    from torch.distributed.tensor import DTensor, Partial, Shard
 
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     partial = DTensor.from_local(torch.full((2, 3), 0.25), mesh, [Partial()], run_check=False)
-    return lambda: torch.tanh(partial)  # DTensor all-reduces it first: the user's collective, issued once
+    rank = float(dist.get_rank())
+    sharded = DTensor.from_local(torch.full((2, 3), rank), mesh, [Shard(1)], run_check=False)
+
+    def calls() -> None:  # DTensor all-reduces / all-gathers first: the user's collectives, issued once
+        torch.tanh(partial)
+        torch.softmax(sharded, dim=1)
+
+    return calls
 
 
 def tensor_parallel_job(dump: str) -> dict[str, Any]:
     """The ``tp`` engine: bf16 under improve_precision, float32 under add_noise and online_dispatch,
-    each against the same run without a probe (the float32 ones with a call on a partial sum); FSDP2
-    alone, whose calls are on plain tensors; then the seeded expm1 on the shards."""
+    each against the same run without a probe (the float32 ones with a call on a partial sum and a
+    softmax over shards), no_change (the re-runs, through DTensor included, compute the rank's values
+    bit for bit); FSDP2 alone, whose calls are on plain tensors; then the seeded expm1 on the shards
+    and the seeded float8 partial sums of the row-wise layers."""
     out: dict[str, Any] = {"rank": dist.get_rank()}
     bf16, fp32 = torch.bfloat16, torch.float32
     out["plain_bf16"] = _train("tp", bf16, None, dump)
@@ -146,6 +175,7 @@ def tensor_parallel_job(dump: str) -> dict[str, Any]:
     out["add_noise"] = _train("tp", fp32, "free_benchmark", f"{dump}/an", pert_mode="add_noise",
                               extra=partial_input())
     out["online_dispatch"] = _train("tp", fp32, "online_dispatch", f"{dump}/od", extra=partial_input())
+    out["no_change"] = _train("tp", bf16, "free_benchmark", f"{dump}/nc", pert_mode="no_change")
     out["plain_fsdp"] = _train("fsdp", bf16, None, dump)  # FSDP2 alone computes on all-gathered plain tensors
     out["fsdp"] = _train("fsdp", bf16, "free_benchmark", f"{dump}/fsdp")
     saved = torch.expm1
@@ -154,12 +184,23 @@ def tensor_parallel_job(dump: str) -> dict[str, Any]:
         out["defect"] = _train("tp", bf16, "free_benchmark", f"{dump}/defect", model=build_exp_block(bf16))
     finally:
         torch.expm1 = saved
+    out["rowwise_defect"] = _rowwise_defect("tp", dump)
     return out
+
+
+def _rowwise_defect(engine: str, dump: str) -> dict[str, Any]:
+    functional = torch.nn.functional
+    functional.linear = fp8_rowwise_linear
+    try:
+        return _train(engine, torch.bfloat16, "free_benchmark", f"{dump}/rowwise_defect")
+    finally:
+        functional.linear = _LINEAR
 
 
 def fsdp_tp_job(dump: str) -> dict[str, Any]:
     """The ``fsdp_tp`` engine (4 ranks, dp=2 x tp=2): bf16 under improve_precision, float32 under
-    add_noise and online_dispatch, each against the same run without a probe."""
+    add_noise and online_dispatch, each against the same run without a probe; then the seeded
+    float8 partial sums of the row-wise layers."""
     out: dict[str, Any] = {"rank": dist.get_rank()}
     bf16, fp32 = torch.bfloat16, torch.float32
     out["plain_bf16"] = _train("fsdp_tp", bf16, None, dump)
@@ -167,4 +208,5 @@ def fsdp_tp_job(dump: str) -> dict[str, Any]:
     out["plain_fp32"] = _train("fsdp_tp", fp32, None, dump)
     out["add_noise"] = _train("fsdp_tp", fp32, "free_benchmark", f"{dump}/an", pert_mode="add_noise")
     out["online_dispatch"] = _train("fsdp_tp", fp32, "online_dispatch", f"{dump}/od")
+    out["rowwise_defect"] = _rowwise_defect("fsdp_tp", dump)
     return out

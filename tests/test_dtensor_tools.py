@@ -1,8 +1,10 @@
 """free_benchmark and online_dispatch on DTensor programs (tensor parallelism, FSDP2 x TP).
 
 free_benchmark judges a DTensor call on what the rank computes: the API re-run on the plain local
-tensors against the output's local tensor, when DTensor did nothing but run local kernels; every
-other case is a skip with its reason. online_dispatch compares a DTensor op through its local
+tensors against the output's local tensor, when DTensor did nothing but run local kernels, or
+re-run through DTensor on the perturbed local tensors wrapped back as the inputs' DTensors, when
+DTensor only redistributed without a collective (the row-wise linear's bias); every other case is
+a skip with its reason. online_dispatch compares a DTensor op through its local
 kernels and names collectives and redistributions apart. The single-process tests run on a 1-rank
 mesh in this process (a HashStore group, nothing on the network); the multi-rank ones launch the
 jobs of dtensor_jobs.py once per module (a few seconds each) under a hard time limit.
@@ -28,7 +30,7 @@ from pytest_msprobe.distributed import run_ranks
 
 TIMEOUT_S = 120.0  # per job: a deadlock fails the test after this, it never hangs
 BF16 = torch.bfloat16
-ROWWISE = td.REDISTRIBUTED.format(what="Replicate() -> Partial(sum)")
+ALL_GATHERED = td.REDISTRIBUTED.format(what="Shard(dim=1) -> Replicate()")
 
 
 @pytest.fixture(scope="module")
@@ -91,22 +93,128 @@ def test_column_parallel_linear_is_judged_on_the_local_tensors(mesh, tmp_path, m
             return _real(self, *arrays, **kw)
 
         monkeypatch.setattr(TorchBackend, name, spy)
+    through = []
+    monkeypatch.setattr(td.LocalCall, "_through", lambda self, *a: through.append(a))
     out, s = run(tmp_path, lambda: F.linear(x, w, b), rule=rule)
     assert type(out).__name__ == "DTensor" and torch.equal(out.to_local(), expected)  # bit-identical, same type
     assert s["apis"]["Functional.linear"]["checked"] == 1 and not s["flagged"] and not s["errors"]
     assert not reasons_of(s, "Functional.linear")
     assert measured and set(measured) == {torch.Tensor}  # figures and reads: plain local tensors only
+    assert through == []  # no redistribution: the cheaper re-run on the plain local tensors
 
 
-def test_calls_dtensor_redistributes_first_are_skipped_with_the_redistribution(mesh, tmp_path):
+def test_calls_dtensor_redistributes_without_collectives_are_judged_through_dtensor(mesh, tmp_path, monkeypatch):
     Partial, Replicate, Shard = placements()
     h, w, b = dtensor(mesh, (4, 6), Shard(1), seed=1), dtensor(mesh, (5, 6), Shard(1), seed=2), \
         dtensor(mesh, (5,), Replicate(), seed=3)
-    _, s = run(tmp_path, lambda: (F.linear(h, w, b), torch.softmax(h, dim=-1)))
-    # row-wise linear: DTensor turns the replicated bias into a partial sum (bias / n) locally
-    assert reasons_of(s, "Functional.linear") == {ROWWISE}
-    assert reasons_of(s, "Torch.softmax") == {td.REDISTRIBUTED.format(what="Shard(dim=1) -> Replicate()")}
-    assert s["apis"]["Functional.linear"]["checked"] == 0 and not s["errors"]
+    expected = F.linear(h, w, b).to_local(), torch.softmax(h, dim=-1).to_local()
+    through = []
+    real = td.LocalCall._through
+    monkeypatch.setattr(td.LocalCall, "_through", lambda self, fn, args, kwargs: through.append(
+        [type(a).__name__ for a in args]) or real(self, fn, args, kwargs))
+    out, s = run(tmp_path, lambda: (F.linear(h, w, b), torch.softmax(h, dim=-1)))
+    assert all(torch.equal(o.to_local(), e) for o, e in zip(out, expected))  # bit-identical
+    # row-wise linear: DTensor turns the replicated bias into a partial sum (bias / n) locally; a
+    # softmax over a sharded dimension all-gathers it, which on one rank is the shard itself
+    for api in ("Functional.linear", "Torch.softmax"):
+        assert s["apis"][api]["checked"] == 1 and not reasons_of(s, api), api
+    assert not s["errors"] and not s["flagged"]
+    assert through == [["Tensor"] * 3, ["Tensor"]]  # given the perturbed local tensors, wrapped inside
+
+
+def test_a_rerun_through_dtensor_runs_the_function_on_dtensors(mesh, tmp_path, monkeypatch):
+    Partial, Replicate, Shard = placements()
+    monkeypatch.setattr(torch, "expm1", softmax_on_dtensors_only)
+    x = dtensor(mesh, (4, 6), Shard(1), seed=1)
+    out, s = run(tmp_path, lambda: torch.expm1(x))
+    assert s["apis"]["Torch.expm1"]["checked"] == 1 and not reasons_of(s, "Torch.expm1") and not s["errors"]
+    assert torch.equal(out.to_local(), torch.softmax(x, dim=1).to_local())
+
+
+def test_a_seeded_row_wise_defect_is_caught_through_dtensor(mesh, tmp_path, monkeypatch):
+    Partial, Replicate, Shard = placements()
+    monkeypatch.setattr(F, "linear", jobs.fp8_rowwise_linear)  # before the probe wraps it
+    h, w, b = dtensor(mesh, (8, 16), Shard(1), seed=1), dtensor(mesh, (8, 16), Shard(1), seed=2), \
+        dtensor(mesh, (8,), Replicate(), seed=3)
+    _, s = run(tmp_path, lambda: F.linear(h, w, b))
+    assert s["apis"]["Functional.linear"] == dict(s["apis"]["Functional.linear"], checked=1, flagged=1)
+    assert [r["api_name"] for r in s["flagged"]] == ["Functional.linear.0.forward"]
+
+
+def test_a_redistribution_with_collectives_is_skipped_with_it(mesh, tmp_path, monkeypatch):
+    Partial, Replicate, Shard = placements()
+    monkeypatch.setattr(torch, "expm1", lambda x: (communicating(x), torch.softmax(x, dim=1))[1])
+    x = dtensor(mesh, (4, 6), Shard(1), seed=1)
+    out, s = run(tmp_path, lambda: torch.expm1(x))
+    assert reasons_of(s, "Torch.expm1") == {ALL_GATHERED}
+    assert s["apis"]["Torch.expm1"]["checked"] == 0 and not s["errors"]
+
+
+def test_a_rerun_through_dtensor_that_communicates_is_a_probe_error(mesh, tmp_path, monkeypatch):
+    """The call issued no collective, its float32 re-run does: the ranks' collectives could differ,
+    which is an error (never a skip), and the user's output is untouched."""
+    Partial, Replicate, Shard = placements()
+
+    def softmax(x):
+        if x.dtype == torch.float32:
+            communicating(x)
+        return torch.softmax(x, dim=1)
+
+    monkeypatch.setattr(torch, "expm1", softmax)
+    x = dtensor(mesh, (4, 6), Shard(1), seed=1)
+    expected = torch.softmax(x, dim=1).to_local()
+    out, s = run(tmp_path, lambda: torch.expm1(x))
+    assert torch.equal(out.to_local(), expected)
+    assert [e["error"].split(":")[0] for e in s["errors"]] == ["DivergedRerun"]
+    assert "issued collectives" in s["errors"][0]["error"] and s["apis"]["Torch.expm1"]["checked"] == 0
+
+
+def test_a_rerun_through_dtensor_that_computes_otherwise_is_skipped(mesh, tmp_path, monkeypatch):
+    Partial, Replicate, Shard = placements()
+    monkeypatch.setattr(torch, "expm1", lambda x: torch.softmax(x, dim=1) if x.dtype == BF16 else x * 2)
+    x = dtensor(mesh, (4, 6), Shard(1), seed=1)
+    _, s = run(tmp_path, lambda: torch.expm1(x))
+    assert reasons_of(s, "Torch.expm1") == {td.THROUGH_DIFFERS.format(
+        what="redistributed nothing where the call redistributed Shard(dim=1) -> Replicate()")}
+    assert not s["errors"]
+
+
+def test_preheat_samples_on_the_cpu_only_calls_rerun_on_the_local_tensors(mesh, tmp_path, monkeypatch):
+    """The preheat's CPU sample runs the API on the plain local tensors: a row-wise linear (re-run
+    through DTensor) is judged without one, a column-wise one is sampled."""
+    from probes.free_benchmark.service import FreeBenchmarkProbe
+
+    Partial, Replicate, Shard = placements()
+    sampled = []
+    real = FreeBenchmarkProbe._preheat_sample
+    monkeypatch.setattr(FreeBenchmarkProbe, "_preheat_sample",
+                        lambda self, call, verdicts: sampled.append(call.name) or real(self, call, verdicts))
+    h, w, b = dtensor(mesh, (4, 6), Shard(1), seed=1), dtensor(mesh, (5, 6), Shard(1), seed=2), \
+        dtensor(mesh, (5,), Replicate(), seed=3)
+    x, wc = dtensor(mesh, (4, 6), Replicate(), seed=4), dtensor(mesh, (5, 6), Shard(0), seed=5)
+    dbg = PrecisionDebugger(config={"task": "free_benchmark", "dump_path": str(tmp_path / "dump"), "free_benchmark": {
+        "pert_mode": "bit_noise", "if_preheat": True, "preheat_step": 3, "max_sample": 3}})
+    for _step in range(3):
+        dbg.start()
+        F.linear(h, w, b)  # row-wise: through DTensor
+        F.linear(x, wc)  # column-wise: on the local tensors
+        dbg.stop()
+        dbg.step()
+    s = dbg.summary()
+    assert s["apis"]["Functional.linear"]["checked"] == 4 and not s["errors"]
+    assert sampled and all(name.startswith("Functional.linear.1.") for name in sampled)
+
+
+def test_a_rerun_through_dtensor_is_refused_off_the_mesh_device(mesh):
+    Partial, Replicate, Shard = placements()
+    x = dtensor(mesh, (4, 6), Shard(1), seed=1)
+    call = td.local_call((x, 1), {})
+    with call.watching():
+        out = torch.softmax(x, 1)
+    assert call.through and not isinstance(call.after(out), str)
+    with pytest.raises(Exception) as caught:
+        call.rerunner(pytest.fail)(torch.ones(4, 6, device="meta"), 1)  # refused before anything runs
+    assert call.rerun_failed(caught.value) == td.THROUGH_DEVICE.format(what="meta")
 
 
 def test_partial_sum_mixed_and_handled_inputs_are_skipped_with_their_reasons(mesh, tmp_path):
@@ -180,6 +288,21 @@ def test_a_seeded_half_precision_defect_on_the_shards_is_caught(mesh, tmp_path, 
     assert [r["api_name"] for r in s["flagged"]] == ["Torch.expm1.0.forward"]
 
 
+def softmax_on_dtensors_only(x):
+    """A softmax over the sharded dimension that refuses plain tensors: a re-run on the local
+    tensors would raise, one through DTensor does not."""
+    if type(x) is torch.Tensor:
+        raise RuntimeError("no local kernel")
+    return torch.softmax(x, dim=1)
+
+
+def communicating(x):
+    """A collective on the DTensor's mesh (on one rank, a sum over itself)."""
+    import torch.distributed._functional_collectives as funcol
+
+    return funcol.all_reduce(torch.zeros(1), "sum", (x.device_mesh, 0)).trigger_wait()
+
+
 def dtensor_only(x):
     """A kernel that runs on DTensors only (the local re-run raises)."""
     if type(x) is torch.Tensor:
@@ -204,7 +327,7 @@ def summed_over_mesh(x):
 
 @pytest.mark.parametrize("fn, reason", [
     (dtensor_only, td.RERUN_FAILED.format(what="RuntimeError")),
-    (reshaped_locally, td.LOCAL_MISMATCH.format(what="shape (6,) where the rank's output is (4, 6)")),
+    (reshaped_locally, td.LOCAL_MISMATCH.format(what="gave shape (6,) where the rank's output is (4, 6)")),
     (with_random, td.RANDOM_OP.format(what="aten.rand_like.default")),
     (summed_over_mesh, td.COMMUNICATED),
 ], ids=["rerun-fails", "local-shape", "random", "collective"])
@@ -291,24 +414,48 @@ def _linear_judged(rank_values, runs=("improve_precision", "add_noise")):
     for v in rank_values:
         for run_name in runs:
             r = v[run_name]
-            # column-wise layers judged on every rank (2 a step); row-wise ones skipped, with why
-            assert r["apis"]["Functional.linear"] == {"calls": 8, "checked": 4, "flagged": 0}, (v["rank"], run_name)
-            assert r["not_checked"][ROWWISE] == {"Functional.linear": 4}
+            # every linear judged on every rank (4 a step): the column-wise ones on the local
+            # tensors, the row-wise ones (bias made a partial sum locally) through DTensor
+            assert r["apis"]["Functional.linear"] == {"calls": 8, "checked": 8, "flagged": 0}, (v["rank"], run_name)
+            assert not any("Functional.linear" in apis for apis in r["not_checked"].values())
             assert r["apis"]["Torch.relu"]["checked"] == 6 and r["apis"]["Tensor.square"]["checked"] == 2
             assert r["flagged"] == []
 
 
+def _rowwise_defect_caught(rank_values):
+    for v in rank_values:
+        d = v["rowwise_defect"]
+        # the float8 partial sums of l2 and l4 (calls 1 and 3 of each step), on every rank
+        assert d["apis"]["Functional.linear"] == {"calls": 8, "checked": 8, "flagged": 4}, v["rank"]
+        assert d["flagged"] == ["Functional.linear.1.forward", "Functional.linear.3.forward"]
+        assert d["in_checks"] == 0 and not d["errors"]
+
+
 def test_tp_probed_runs_compute_what_the_plain_runs_do(tp):
-    _same_program(tp, dict(PROBED, fsdp="plain_fsdp"))
+    _same_program(tp, dict(PROBED, fsdp="plain_fsdp", no_change="plain_bf16"))
 
 
 def test_tp_linear_is_judged_on_every_rank_and_the_clean_model_is_clean(tp):
     _linear_judged(tp)
 
 
-def test_tp_partial_sum_input_is_skipped_with_its_reason(tp):
+def test_tp_reruns_compute_the_ranks_local_values_bit_for_bit(tp):
+    """no_change flags any difference: the row-wise linears' re-runs through DTensor give the
+    rank's own partial sums (a re-run on the raw local tensors would add the whole bias)."""
+    for v in tp:
+        r = v["no_change"]
+        assert r["apis"]["Functional.linear"] == {"calls": 8, "checked": 8, "flagged": 0}, v["rank"]
+        assert r["flagged"] == [] and not r["errors"]
+
+
+def test_tp_partial_sum_input_and_gathering_redistribution_are_skipped_with_their_reasons(tp):
     for v in tp:
         assert v["add_noise"]["not_checked"][td.PARTIAL_INPUT.format(what="P(sum)")] == {"Torch.tanh": 2}
+        assert v["add_noise"]["not_checked"][ALL_GATHERED] == {"Torch.softmax": 2}  # all-gathered first
+
+
+def test_tp_seeded_row_wise_defect_is_caught_on_every_rank(tp):
+    _rowwise_defect_caught(tp)
 
 
 def test_tp_seeded_defect_on_the_shards_is_caught_on_every_rank(tp):
@@ -323,7 +470,7 @@ def test_fsdp_alone_is_checked_on_plain_tensors(tp):
     for v in tp:
         r = v["fsdp"]
         assert r["apis"]["Functional.linear"] == {"calls": 8, "checked": 8, "flagged": 0}
-        assert not any(reason in r["not_checked"] for reason in (ROWWISE, td.MIXED_INPUTS))
+        assert not any(reason.startswith("the DTensor") or reason == td.MIXED_INPUTS for reason in r["not_checked"])
 
 
 def test_tp_online_dispatch_compares_local_kernels_and_names_collectives(tp):
@@ -332,8 +479,11 @@ def test_tp_online_dispatch_compares_local_kernels_and_names_collectives(tp):
         assert od["failed"] == [] and od["ops_compared"] > 0
         assert od["skipped"][skip_list.THROUGH_DTENSOR]["aten.addmm.default"] == 8
         assert od["compared_by_op"]["aten.addmm.default"] == 8  # the local kernels of the same calls
-        # every collective the run issued (the row-wise layers', the partial sum's) is named, none compared
-        assert od["skipped"][skip_list.COLLECTIVE]["_c10d_functional.all_reduce.default"] == od["collectives"] == 8
+        # every collective the run issued (the row-wise layers', the partial sum's, the softmax's) is
+        # named, none compared
+        named = od["skipped"][skip_list.COLLECTIVE]
+        assert named["_c10d_functional.all_reduce.default"] == 8
+        assert named["_c10d_functional.all_gather_into_tensor.default"] == 2 and od["collectives"] == 10
         assert od["compared_by_op"]["aten.tanh.default"] == 2  # the partial sum's tanh, after its all-reduce
         assert skip_list.THROUGH_SUBCLASS not in od["skipped"] or \
             "aten.addmm.default" not in od["skipped"][skip_list.THROUGH_SUBCLASS]
@@ -341,6 +491,10 @@ def test_tp_online_dispatch_compares_local_kernels_and_names_collectives(tp):
 
 def test_fsdp_tp_probed_runs_compute_what_the_plain_runs_do(fsdp_tp):
     _same_program(fsdp_tp)
+
+
+def test_fsdp_tp_seeded_row_wise_defect_is_caught_on_every_rank(fsdp_tp):
+    _rowwise_defect_caught(fsdp_tp)
 
 
 def test_fsdp_tp_linear_is_judged_on_every_rank(fsdp_tp):

@@ -2,22 +2,36 @@
 
 A DTensor op is a local kernel run on each rank's shard, behind a sharding propagation that may
 first redistribute the inputs: an all-gather, an all-reduce of a partial sum, or a local division
-(a replicated bias made a partial sum, in a row-wise parallel linear). free_benchmark re-runs a
-hooked API on the plain local tensors and compares the result with the original output's local
-tensor: that is the same computation only when DTensor ran the API's kernels on the local
-tensors unchanged. A re-run on plain tensors cannot issue a collective, and every decision below
-reads this rank's own metadata or its own dispatcher, never another rank's, so no rank ever
-issues a collective the others do not. The call is judged only when:
+(a replicated bias made a partial sum, in a row-wise parallel linear). free_benchmark compares the
+re-run with the original output's local tensor, and re-runs the call one of two ways:
+
+- on the plain local tensors, when DTensor ran the API's kernels on the local tensors unchanged
+  (the cheaper way: no sharding propagation);
+- through DTensor itself, when DTensor redistributed inputs without a collective (the row-wise
+  linear's bias): the perturbed local tensors are wrapped back as DTensors with the inputs' mesh,
+  placements, global shape and stride (no collective: nothing is checked across ranks), the same
+  function is called on them, and its output's local tensor is compared.
+
+A re-run must never issue a collective, or ranks would wait on each other (a rank that skipped
+the call, or whose re-run failed, would not join). The decision is taken before the re-run, from
+the original call: DTensor's sharding propagation reads only placements and global shapes, which
+are the same on every rank, so a call that issued no collective on one rank issued none on any,
+and its re-run (same placements and shapes) issues none either. The re-run through DTensor is
+watched the same way; one that issued a collective all the same is recorded as a probe error
+(the ranks may no longer agree). Every other decision reads this rank's own metadata or its own
+dispatcher, never another rank's. The call is judged only when:
 
 - before the call, from its inputs: every DTensor is on one mesh this rank belongs to, none holds
   a partial sum (the op would reduce it first), and no plain tensor but a 0-d one is mixed in
   (DTensor would replicate it, or refuse the call);
-- during the original call, DTensor's own dispatcher did nothing but run local kernels: no input
-  redistributed (seen where DTensor checks implicit redistributions), no custom handler (a
-  convolution's halo exchange, an argmax over a sharded dimension) and no random op drawn through
-  its RNG tracker ran, and no collective was issued on the mesh's groups;
+- during the original call, DTensor's own dispatcher ran no custom handler (a convolution's halo
+  exchange, an argmax over a sharded dimension) and no random op drawn through its RNG tracker,
+  and no collective was issued on the mesh's groups (the processes' sequence numbers, which must
+  be readable for a call that redistributed); an input redistributed (seen where DTensor checks
+  implicit redistributions) sends the re-run through DTensor;
 - after the re-run: its outputs have the local outputs' shapes (and dtypes, for the modes that
-  keep them), so a redistribution nothing above saw still cannot be compared as if it were one.
+  keep them), and a re-run through DTensor redistributed as the call did and gave outputs of the
+  same placements, so a redistribution nothing above saw still cannot be compared as if it were one.
 
 An AsyncCollectiveTensor (a functional collective's result, which the row-wise layers return) is
 the plain tensor the collective produced, waited for: a call on it is re-run on that tensor, which
@@ -38,7 +52,7 @@ from typing import Any
 
 import torch
 
-from probes.core.trees import iter_leaves, tree_map
+from probes.core.trees import iter_leaves, replace_at, tree_map
 
 # reasons a DTensor call is not re-run (summary.json's not_checked keys)
 PARTIAL_INPUT = ("a DTensor input holds a partial sum ({what} placement): the op reduces it across the mesh first, "
@@ -47,8 +61,10 @@ MESHES_DIFFER = "its DTensor inputs are on different device meshes"
 MIXED_INPUTS = ("a plain tensor with dimensions among DTensor inputs: DTensor replicates it (or refuses the call), "
                 "which a re-run on the local tensors would not")
 NOT_IN_MESH = "this rank is not part of the DTensor inputs' mesh: it computes nothing"
-REDISTRIBUTED = ("the DTensor op redistributed an input ({what}) before its local kernel: a re-run on the local "
-                 "tensors would compute something else")
+REDISTRIBUTED = ("the DTensor op redistributed an input ({what}) with collectives before its local kernel: a re-run "
+                 "on the local tensors would compute something else, and one through DTensor would issue them again")
+UNCOUNTED = ("the DTensor op redistributed an input ({what}) and its process groups do not count their collectives: "
+             "a re-run through DTensor might issue one the other ranks do not")
 CUSTOM_HANDLER = ("DTensor ran {what} through its own handler (which may communicate or compute apart from the "
                   "local kernel): a re-run on the local tensors would compute something else")
 RANDOM_OP = ("DTensor drew random numbers for {what} through its RNG tracker (offsets per shard): a re-run on "
@@ -57,9 +73,14 @@ COMMUNICATED = ("the DTensor call issued collectives on its mesh: a re-run on th
                 "something else")
 LOCAL_OUTPUT = ("an output of the DTensor call is not a plain local tensor ({what}): its local values cannot be "
                 "compared")
-LOCAL_MISMATCH = ("the re-run on the local tensors gave {what}: DTensor redistributed something, so the two are "
+LOCAL_MISMATCH = ("the re-run on the local tensors {what}: DTensor redistributed something, so the two are "
                   "not the same computation")
 RERUN_FAILED = "the re-run on the local tensors failed ({what}): DTensor computed it some other way"
+THROUGH_FAILED = "the re-run through DTensor failed ({what})"
+THROUGH_DIFFERS = ("the re-run through DTensor {what}: it is not the computation the call made, so the two cannot be "
+                   "compared")
+THROUGH_DEVICE = ("the perturbed inputs are on {what}, not on the mesh's device: DTensor would move them back, so a "
+                  "re-run through it is not the mode's")
 UNOBSERVABLE = ("this torch's DTensor dispatcher cannot be watched for redistributions, so a re-run on the local "
                 "tensors might compute something else")
 
@@ -84,13 +105,31 @@ def handled(kind: type) -> bool:
     return any(cls is not None and issubclass(kind, cls) for cls in (dtensor_class(), async_class()))
 
 
-class _Watch:
-    """What DTensor's dispatcher did during one watched call (the first thing that rules out a re-run)."""
+_KEPT = 64  # redistributions remembered per call (compared between the call and its re-run)
 
-    __slots__ = ("reason",)
+
+class DivergedRerun(RuntimeError):
+    """A re-run through DTensor issued a collective the call itself did not: recorded as a probe
+    error, never a skip (every rank re-ran, so the ranks' collectives may no longer match)."""
+
+
+class _Refused(Exception):
+    """A re-run through DTensor that is not the call's computation (a skip with `reason`)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class _Watch:
+    """What DTensor's dispatcher did during one watched call: the first thing that rules out any
+    re-run, and the redistributions it made (which send the re-run through DTensor)."""
+
+    __slots__ = ("reason", "redistributions")
 
     def __init__(self) -> None:
         self.reason: str | None = None
+        self.redistributions: list[str] = []
 
     def note(self, reason: str) -> None:
         if self.reason is None:
@@ -107,6 +146,17 @@ def _noting(reason: str, *details: Any) -> None:
             watch.note(reason.format(what=" -> ".join(map(_described, details))))
         except Exception:
             watch.note(reason.format(what="?"))
+
+
+def _redistributing(src: Any, dst: Any) -> None:
+    """Remember a redistribution of the watched call on this thread (its placements, "src -> dst");
+    a no-op on other threads. Called inside DTensor's dispatch, so it never raises."""
+    watch = getattr(_TLS, "watch", None)
+    if watch is not None and len(watch.redistributions) < _KEPT:
+        try:
+            watch.redistributions.append(f"{_described(src)} -> {_described(dst)}")
+        except Exception:
+            watch.redistributions.append("?")
 
 
 def _described(x: Any) -> str:
@@ -168,7 +218,7 @@ class _Hooks:
                 return False
 
             def observe_redistribution(cls: Any, src_spec: Any, dst_spec: Any, *rest: Any, **kw: Any) -> Any:
-                _noting(REDISTRIBUTED, src_spec, dst_spec)
+                _redistributing(src_spec, dst_spec)
                 return observe(cls, src_spec, dst_spec, *rest, **kw)
 
             context.observe_redistribution = classmethod(observe_redistribution)
@@ -238,14 +288,19 @@ def _issued(mesh: Any) -> int | None:
 
 
 class LocalCall:
-    """A DTensor call that may be re-run on its local tensors (see the module docstring); `mesh`
-    None: a call on waited collective results only, with no DTensor to watch."""
+    """A DTensor call that may be re-run on its local tensors, or through DTensor when it
+    redistributed without a collective (see the module docstring); `mesh` None: a call on waited
+    collective results only, with no DTensor to watch."""
 
     def __init__(self, kinds: tuple[type, type | None], mesh: Any, args: tuple, kwargs: dict) -> None:
         self._dtensor, self._async = kinds
         self.mesh = mesh
         self.args, self.kwargs = args, kwargs
         self.reason: str | None = None
+        # the call redistributed inputs and issued no collective: the re-run goes through DTensor
+        self.through = False
+        self.redistributions: tuple[str, ...] = ()
+        self._out_placements: dict[tuple, Any] = {}
 
     def _local(self, x: Any) -> Any:
         if self._dtensor is not None and isinstance(x, self._dtensor):
@@ -277,7 +332,23 @@ class LocalCall:
         finally:
             _TLS.watch = outer
             after = _issued(self.mesh) if before is not None else None
-            self.reason = watch.reason or (COMMUNICATED if after != before else None)
+            self.reason = self._decided(watch, before, after)
+
+    def _decided(self, watch: _Watch, before: int | None, after: int | None) -> str | None:
+        """Why the call cannot be re-run, or None (and `through` set when it must go through
+        DTensor). Reads what the call did: the same on every rank, as DTensor's plan is."""
+        if watch.reason is not None:
+            return watch.reason
+        if watch.redistributions:
+            first = watch.redistributions[0]
+            if before is None or after is None:
+                return UNCOUNTED.format(what=first)
+            if after != before:
+                return REDISTRIBUTED.format(what=first)
+            self.through = True
+            self.redistributions = tuple(watch.redistributions)
+            return None
+        return COMMUNICATED if after != before else None
 
     def after(self, out: Any) -> tuple[tuple, dict, Any] | str:
         """The call's plain local inputs and outputs, or why it cannot be re-run on them."""
@@ -287,26 +358,98 @@ class LocalCall:
         for _path, leaf in iter_leaves(local_out):
             if isinstance(leaf, torch.Tensor) and type(leaf) is not torch.Tensor:
                 return LOCAL_OUTPUT.format(what=type(leaf).__name__)
+        if self.through:
+            self._out_placements = {path: tuple(leaf.placements) for path, leaf in iter_leaves(out)
+                                    if isinstance(leaf, self._dtensor)}
         return tree_map(self._local, self.args), tree_map(self._local, self.kwargs), local_out
 
-    @staticmethod
-    def mismatch(local_out: Any, rerun_out: Any, same_dtype: bool) -> str | None:
+    def rerunner(self, fn: Any) -> Any:
+        """What the re-run calls with the perturbed local inputs: `fn` itself, or `fn` through
+        DTensor (returning its outputs' local tensors) for a call that redistributed."""
+        if not self.through:
+            return fn
+
+        def through_dtensor(*args: Any, **kwargs: Any) -> Any:
+            return self._through(fn, args, kwargs)
+
+        return through_dtensor
+
+    def _through(self, fn: Any, args: tuple, kwargs: dict) -> Any:
+        """`fn` on the perturbed local tensors wrapped back as the call's DTensors (from_local with
+        the global shape and stride given: no collective, no check across ranks), watched as the
+        call was: a collective is a DivergedRerun, anything else it did differently a _Refused."""
+        from torch.distributed.tensor import DTensor
+
+        tree: Any = (args, kwargs)
+        for path, original in iter_leaves((self.args, self.kwargs)):
+            if not isinstance(original, self._dtensor):
+                continue
+            local = _leaf_at(tree, path)
+            if type(local) is not torch.Tensor:
+                raise _Refused(THROUGH_DIFFERS.format(what=f"was given a {type(local).__name__} for a DTensor input"))
+            if local.device.type != self.mesh.device_type:
+                raise _Refused(THROUGH_DEVICE.format(what=local.device.type))
+            wrapped = DTensor.from_local(local, self.mesh, original.placements, run_check=False,
+                                         shape=original.shape, stride=original.stride())
+            tree = replace_at(tree, path, wrapped)
+        args, kwargs = tree
+        watch, outer = _Watch(), getattr(_TLS, "watch", None)
+        before = _issued(self.mesh)
+        _TLS.watch = watch
+        try:
+            out = fn(*args, **kwargs)
+        finally:
+            _TLS.watch = outer
+            after = _issued(self.mesh)
+            if after != before:
+                seen = f"sequence numbers {before} -> {after}" if after is not None else "uncounted afterwards"
+                raise DivergedRerun(
+                    f"the re-run through DTensor issued collectives on the mesh's process groups ({seen}) where "
+                    "the call itself issued none: this rank's collectives may no longer match the other ranks'")
+        if watch.reason is not None:
+            raise _Refused(THROUGH_DIFFERS.format(what=f"did what the call did not ({watch.reason})"))
+        if tuple(watch.redistributions) != self.redistributions:
+            raise _Refused(THROUGH_DIFFERS.format(
+                what=f"redistributed {', '.join(watch.redistributions) or 'nothing'} where the call redistributed "
+                     f"{', '.join(self.redistributions)}"))
+        placements = {path: tuple(leaf.placements) for path, leaf in iter_leaves(out) if isinstance(leaf, DTensor)}
+        if placements != self._out_placements:
+            raise _Refused(THROUGH_DIFFERS.format(what=f"gave outputs placed {_placed(placements)} where the call's "
+                                                       f"are {_placed(self._out_placements)}"))
+        return tree_map(self._local, out)
+
+    def mismatch(self, local_out: Any, rerun_out: Any, same_dtype: bool) -> str | None:
         """Why the re-run's outputs cannot be the local outputs' counterparts, or None."""
+        reason = THROUGH_DIFFERS if self.through else LOCAL_MISMATCH
         theirs = dict(iter_leaves(rerun_out))
         for path, leaf in iter_leaves(local_out):
             other = theirs.get(path)
             if not isinstance(leaf, torch.Tensor) or not isinstance(other, torch.Tensor):
                 continue
             if leaf.shape != other.shape:
-                return LOCAL_MISMATCH.format(what=f"shape {tuple(other.shape)} where the rank's output is "
-                                                  f"{tuple(leaf.shape)}")
+                return reason.format(what=f"gave shape {tuple(other.shape)} where the rank's output is "
+                                          f"{tuple(leaf.shape)}")
             if same_dtype and leaf.dtype != other.dtype:
-                return LOCAL_MISMATCH.format(what=f"{other.dtype} where the rank's output is {leaf.dtype}")
+                return reason.format(what=f"gave {other.dtype} where the rank's output is {leaf.dtype}")
         return None
 
-    @staticmethod
-    def rerun_failed(exc: BaseException) -> str:
-        return RERUN_FAILED.format(what=type(exc).__name__)
+    def rerun_failed(self, exc: BaseException) -> str | None:
+        """Why a failed re-run is a skip, or None: it is a probe error (it issued a collective)."""
+        if isinstance(exc, DivergedRerun):
+            return None
+        if isinstance(exc, _Refused):
+            return exc.reason
+        return (THROUGH_FAILED if self.through else RERUN_FAILED).format(what=type(exc).__name__)
+
+
+def _leaf_at(tree: Any, path: tuple) -> Any:
+    for key in path:
+        tree = tree[key]
+    return tree
+
+
+def _placed(placements: dict[tuple, Any]) -> str:
+    return "; ".join(", ".join(map(repr, p)) for p in placements.values()) or "nowhere"
 
 
 def local_call(args: tuple, kwargs: dict) -> LocalCall | str | None:

@@ -98,6 +98,7 @@ class Checked(NamedTuple):
     sampled: bool  # a preheat CPU sample is due
     # a DTensor call (the backend's LocalCall): args, kwargs and out are then its plain local
     # tensors, and a re-run that fails or does not match them in shape is a skip, not an error
+    # (unless a re-run through DTensor communicated: that is an error)
     local: Any = None
 
 
@@ -336,15 +337,18 @@ class FreeBenchmarkProbe:
         if isinstance(rerun, str):
             self._skip(meta.key, rerun)
             return
+        if local is not None:  # a call DTensor redistributed is re-run through DTensor
+            rerun = local.rerunner(rerun)
         after = b.rng_snapshot(None)
         b.rng_restore(snapshot)
         try:
             with b.no_grad():
                 pert_out = rerun(*pert.args, **pert.kwargs)
         except Exception as exc:
-            if local is None:
+            why = None if local is None else local.rerun_failed(exc)
+            if why is None:  # a re-run through DTensor that communicated is an error, never a skip
                 raise
-            self._skip(meta.key, local.rerun_failed(exc))
+            self._skip(meta.key, why)
             return
         finally:
             b.rng_restore(after)
@@ -368,13 +372,17 @@ class FreeBenchmarkProbe:
 
     def _check_local(self, call: Checked) -> None:
         """A DTensor call: checked as a call on the plain local tensors the rank computed with,
-        when DTensor did nothing else around its local kernels (else skipped, with why)."""
+        when DTensor did nothing else around its local kernels or only redistributed without a
+        collective (then re-run through DTensor), else skipped, with why."""
         seen = call.local.after(call.out)
         if isinstance(seen, str):
             self._skip(call.meta.key, seen)
             return
         args, kwargs, out = seen
-        self._check(call._replace(args=args, kwargs=kwargs, out=out))
+        # the preheat's CPU sample re-runs the API on the plain local tensors: another computation
+        # when DTensor redistributed them
+        sampled = call.sampled and not call.local.through
+        self._check(call._replace(args=args, kwargs=kwargs, out=out, sampled=sampled))
 
     def _judge(self, call: Checked, args: tuple, kwargs: dict, pert_out: Any, move: Any) -> None:
         """Compare the re-run with the original (`args`/`kwargs`: the call's inputs, copies when

@@ -165,8 +165,12 @@ class GradMonitor(MonitorBase):
         owns = self._owner_cache.get(optimizer)
         if owns is None:
             owns = any(id(p) in self._names for group in optimizer.param_groups for p in group["params"])
+            if not owns and "deepspeed" in sys.modules:  # ZeRO steps flat partitions of the parameters
+                from probes.backends import torch_zero
+
+                owns = torch_zero.steps_for(optimizer, [p for _n, p in self._params])
             self._owner_cache[optimizer] = owns
-        if owns:
+        if owns and not ("deepspeed" in sys.modules and _zero_continues(optimizer)):
             self.on_step(optimizer)
 
     def _optimizer_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -368,7 +372,7 @@ class GradMonitor(MonitorBase):
         columns = torch.cat([stats.combine_shards(xp, summed, maxed, self.bounds, self.histogram), summed[2:4]])
         out_members, payloads = [], []
         for (name, p), piece in zip(members, pieces):
-            shape = tuple(int(s) for s in p.shape)
+            shape = piece.shape if piece is not None else tuple(int(s) for s in p.shape)
             local = piece.local if piece is not None else torch.zeros(0, device=device)
             keep = piece is not None and (self.level == "L0" or (piece.counted and piece.index is not None))
             flat = local.reshape(-1) if keep else local.reshape(-1)[:0]
@@ -449,6 +453,12 @@ def partitioning(p: torch.Tensor) -> torch_shards.PartitionedParams | None:
         if ZERO_PARAMS.owns(p):
             return ZERO_PARAMS
     return None
+
+
+def _zero_continues(optimizer: torch.optim.Optimizer) -> bool:
+    from probes.backends import torch_zero
+
+    return torch_zero.continues_step(optimizer)
 
 
 def _local_device(p: torch.Tensor) -> torch.device:

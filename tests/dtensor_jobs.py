@@ -79,7 +79,7 @@ def build_exp_block(dtype: torch.dtype) -> torch.nn.Module:
 
 
 def _train(engine: str, dtype: torch.dtype, tool: str | None, dump: str, model: torch.nn.Module | None = None,
-           pert_mode: str = "improve_precision", extra: Any = None) -> dict[str, Any]:
+           pert_mode: str = "improve_precision", extra: Any = None, rule: str | None = None) -> dict[str, Any]:
     """STEPS SGD steps of the engine's model, under ``tool`` (None: none); returns the losses, the
     collectives the steps issued, those issued inside the probe's checks, and the summary."""
     from probes.pytorch import PrecisionDebugger
@@ -90,8 +90,8 @@ def _train(engine: str, dtype: torch.dtype, tool: str | None, dump: str, model: 
     debugger = None
     in_checks = [0]
     if tool == "free_benchmark":
-        debugger = PrecisionDebugger(config={"task": "free_benchmark", "dump_path": dump,
-                                             "free_benchmark": {"pert_mode": pert_mode}})
+        section = {"pert_mode": pert_mode} if rule is None else {"pert_mode": pert_mode, "rule": rule}
+        debugger = PrecisionDebugger(config={"task": "free_benchmark", "dump_path": dump, "free_benchmark": section})
         probe = debugger.probe
         check = probe._check
 
@@ -171,6 +171,7 @@ def tensor_parallel_job(dump: str) -> dict[str, Any]:
     bf16, fp32 = torch.bfloat16, torch.float32
     out["plain_bf16"] = _train("tp", bf16, None, dump)
     out["improve_precision"] = _train("tp", bf16, "free_benchmark", f"{dump}/ip")
+    out["scaled"] = _train("tp", bf16, "free_benchmark", f"{dump}/sc", rule="scaled")
     out["plain_fp32"] = _train("tp", fp32, None, dump, extra=partial_input())
     out["add_noise"] = _train("tp", fp32, "free_benchmark", f"{dump}/an", pert_mode="add_noise",
                               extra=partial_input())
@@ -205,6 +206,7 @@ def fsdp_tp_job(dump: str) -> dict[str, Any]:
     bf16, fp32 = torch.bfloat16, torch.float32
     out["plain_bf16"] = _train("fsdp_tp", bf16, None, dump)
     out["improve_precision"] = _train("fsdp_tp", bf16, "free_benchmark", f"{dump}/ip")
+    out["scaled"] = _train("fsdp_tp", bf16, "free_benchmark", f"{dump}/sc", rule="scaled")
     out["plain_fp32"] = _train("fsdp_tp", fp32, None, dump)
     out["add_noise"] = _train("fsdp_tp", fp32, "free_benchmark", f"{dump}/an", pert_mode="add_noise")
     out["online_dispatch"] = _train("fsdp_tp", fp32, "online_dispatch", f"{dump}/od")

@@ -396,7 +396,8 @@ def fsdp_tp(tmp_path_factory):
     return run_ranks(jobs.fsdp_tp_job, 4, (str(dump),), timeout=TIMEOUT_S).values
 
 
-PROBED = {"improve_precision": "plain_bf16", "add_noise": "plain_fp32", "online_dispatch": "plain_fp32"}
+PROBED = {"improve_precision": "plain_bf16", "scaled": "plain_bf16", "add_noise": "plain_fp32",
+          "online_dispatch": "plain_fp32"}
 
 
 def _same_program(rank_values, probed=PROBED):
@@ -410,7 +411,7 @@ def _same_program(rank_values, probed=PROBED):
             assert got["in_checks"] == 0 and not got["errors"], (v["rank"], run_name)
 
 
-def _linear_judged(rank_values, runs=("improve_precision", "add_noise")):
+def _linear_judged(rank_values, runs=("improve_precision", "scaled", "add_noise")):
     for v in rank_values:
         for run_name in runs:
             r = v[run_name]

@@ -44,11 +44,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from probes.core.thresholds import MIN_EXPONENT, SIGNIFICAND_BITS
+from probes.core.thresholds import FLOAT8_DTYPES, MIN_EXPONENT, SIGNIFICAND_BITS
 from probes.core.ulps import round_to
 
 # the dtype a correct kernel accumulates a sum of D values in
-ACCUMULATES_IN = {"float16": "float32", "bfloat16": "float32", "float32": "float32", "float64": "float64"}
+ACCUMULATES_IN = {"float16": "float32", "bfloat16": "float32", "float32": "float32", "float64": "float64",
+                  **{name: "float32" for name in FLOAT8_DTYPES}}
 
 # The limit per output dtype, in units of the bound above. Calibrated by
 # benchmarks/calibrate_accumulation.py: correct kernels (PyTorch's CPU kernels on the ISA paths
@@ -58,7 +59,7 @@ ACCUMULATES_IN = {"float16": "float32", "bfloat16": "float32", "float32": "float
 # products exceed 80 up to K = 1,024 (25 at 4,096), half-precision sums and products that keep
 # their running total in the half type exceed 150. The limit leaves a correct kernel of another
 # design (blocked, split-K, two roundings) a factor of 3 and a defect a factor of 20.
-RATIO_LIMIT = {"float16": 4.0, "bfloat16": 4.0, "float32": 4.0, "float64": 4.0}
+RATIO_LIMIT = {"float16": 4.0, "bfloat16": 4.0, "float32": 4.0, "float64": 4.0, **{name: 4.0 for name in FLOAT8_DTYPES}}
 
 
 def unit_roundoff(dtype_name: str) -> float:

@@ -39,7 +39,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from probes.core import metrics, rules, scaled
-from probes.core.thresholds import FLOAT_DTYPES, MACHINE_EPS, dispatch_scaled_threshold
+from probes.core.thresholds import (
+    FLOAT8_DTYPES,
+    MACHINE_EPS,
+    SCALE_DTYPES,
+    SIGNIFICAND_BITS,
+    dispatch_scaled_threshold,
+)
 
 # The documented rule, by name.
 COS_THRESHOLD = 0.99
@@ -53,6 +59,9 @@ FLOAT64_EPS = MACHINE_EPS["float64"]
 # The noise floor: a difference within this many units of the device dtype's machine epsilon,
 # scaled by the op's magnitudes (see the module docstring), is rounding, not a defect.
 NOISE_FLOOR_ULPS = 8.0
+# An FP8 result's: half an ulp, one rounding. 8 ulps of e4m3 would be the op's whole magnitude, so
+# every FP8 result (a cast) would pass the floor whatever its error.
+NOISE_FLOOR_ULPS_FP8 = 0.5
 
 # Values of the "Accuracy Reached or Not" column.
 YES, NO, UNMATCHED, NAN = "Yes", "No", "Unmatched", "Nan"
@@ -266,7 +275,8 @@ def noise_floor(dtype_name: str, scale: float, reduction: float) -> float:
     eps = MACHINE_EPS.get(dtype_name)
     if eps is None or not math.isfinite(scale):
         return 0.0
-    return NOISE_FLOOR_ULPS * eps * scale * math.sqrt(max(1.0, reduction))
+    ulps = NOISE_FLOOR_ULPS_FP8 if dtype_name in FLOAT8_DTYPES + SCALE_DTYPES else NOISE_FLOOR_ULPS
+    return ulps * eps * scale * math.sqrt(max(1.0, reduction))
 
 
 @dataclass(frozen=True)
@@ -344,7 +354,7 @@ def judge(figures: list[float], numel: int, dtype_name: str, floor: float, rule:
     max_rel: float | str = ""  # evidence, measured for failing leaves by the caller
     use_reference = rule in (rules.REFERENCE, rules.BOTH)
     use_scaled = rule in (rules.SCALED, rules.BOTH)
-    exact = dtype_name not in FLOAT_DTYPES
+    exact = dtype_name not in SIGNIFICAND_BITS  # the FP8 formats are judged in their ulps too
     figure = figures[SCALED] if len(figures) > SCALED and scaled_applies and not exact else None
     if figure is not None and figure < 0.0:  # NOT_MEASURED
         figure = None

@@ -56,9 +56,14 @@ ROW_FLOOR_ULPS = 256.0
 # The smallest scale an output of each dtype is judged at: about the dtype's smallest normal
 # number (float16's exactly; for the others a power of ten above it). Below it the dtype's
 # spacing is absolute: fp16's subnormals below 6.1e-5 would otherwise score up to 1024 ulps.
-SMALLEST_SCALE = {"float16": 2.0**-14, "bfloat16": 1e-37, "float32": 1e-37, "float64": 1e-300}
-# callers pass the output dtype's machine epsilon, which names the dtype
-_DTYPE_OF_EPS = {eps: name for name, eps in th.MACHINE_EPS.items()}
+# The FP8 formats: their smallest normal number, the fnuz variants' that of their "fn" sibling (the
+# two share an epsilon, so the measure cannot tell them apart; the sibling's is the larger).
+SMALLEST_SCALE = {"float16": 2.0**-14, "bfloat16": 1e-37, "float32": 1e-37, "float64": 1e-300,
+                  "float8_e4m3fn": 2.0**-6, "float8_e5m2": 2.0**-14, "float8_e4m3fnuz": 2.0**-6,
+                  "float8_e5m2fnuz": 2.0**-14, "float8_e8m0fnu": 2.0**-127}
+# callers pass the output dtype's machine epsilon, which names the dtype (an fnuz format's is its
+# "fn" sibling's)
+_DTYPE_OF_EPS = {eps: name for name, eps in th.MACHINE_EPS.items() if not name.endswith("fnuz")}
 # the figures per leaf: [max scaled error, nan mismatches, inf mismatches]
 SCALED_COUNT = 3
 

@@ -1,8 +1,8 @@
 """The numbers users read in the docs, each defined once, by name: the limits of the probes'
 verdict rules, and the facts of the floating dtypes they are expressed in.
 
-Keys are framework-neutral dtype names ("float16", "bfloat16", "float32", "float64"); the
-backends translate their own dtypes to these names.
+Keys are framework-neutral dtype names ("float16", "bfloat16", "float32", "float64", and the 8-bit
+formats "float8_e4m3fn", "float8_e5m2", ...); the backends translate their own dtypes to these names.
 
 A limit that means something only with one measure is defined with that measure, whose docstring
 says so: online_dispatch's documented Cosine / MaxAbsErr rule and its noise floor
@@ -13,17 +13,48 @@ the scaled error's row floor (probes/core/scaled.py), the goldens' margins
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 HALF_DTYPES = ("float16", "bfloat16")
+# the dtypes a tool computes in, perturbs and draws API inputs in
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+# The 8-bit element formats of FP8 training: they are storage for scaled values (a matmul's
+# operands, a cast's result), never a dtype a tool computes in; an FP8 result is judged in its own
+# ulps. "fn": finite only (no infinity, one NaN pattern); "fnuz": also no negative zero, and an
+# exponent bias one larger, so emin is one lower.
+FLOAT8_DTYPES = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+# The scale format of block-scaled FP8 (MX): an unsigned power of two, no zero, no subnormals
+# (p = 1: the spacing at 2^e is 2^e).
+SCALE_DTYPES = ("float8_e8m0fnu",)
 
 # Each float dtype's format: significand bits p (with the implicit one) and smallest normal
-# exponent emin. Everything else about the dtypes follows from these two.
-SIGNIFICAND_BITS = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}
-MIN_EXPONENT = {"float16": -14, "bfloat16": -126, "float32": -126, "float64": -1022}
+# exponent emin. Everything else about the dtypes follows from these two, but the largest value.
+SIGNIFICAND_BITS = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53,
+                    "float8_e4m3fn": 4, "float8_e5m2": 3, "float8_e4m3fnuz": 4, "float8_e5m2fnuz": 3,
+                    "float8_e8m0fnu": 1}
+MIN_EXPONENT = {"float16": -14, "bfloat16": -126, "float32": -126, "float64": -1022,
+                "float8_e4m3fn": -6, "float8_e5m2": -14, "float8_e4m3fnuz": -7, "float8_e5m2fnuz": -15,
+                "float8_e8m0fnu": -127}
 # Machine epsilon 2^(1-p), the spacing of the dtype at 1: the unit of every figure in ulps.
+# (torch.finfo(float8_e5m2fnuz).eps says 0.125; the format's spacing at 1 is 0.25, as e5m2's.)
 MACHINE_EPS = {name: 2.0 ** (1 - p) for name, p in SIGNIFICAND_BITS.items()}
+# The largest finite value: e4m3fn gives its top exponent to numbers (only all-ones is NaN), so
+# it reaches 448 where an IEEE-like e4m3 would stop at 240 (e4m3fnuz, whose bias is one larger).
+LARGEST_FINITE = {"float16": 65504.0, "bfloat16": (2.0 - 2.0**-7) * 2.0**127,
+                  "float32": (2.0 - 2.0**-23) * 2.0**127, "float64": (2.0 - 2.0**-52) * 2.0**1023,
+                  "float8_e4m3fn": 448.0, "float8_e5m2": 57344.0, "float8_e4m3fnuz": 240.0,
+                  "float8_e5m2fnuz": 57344.0, "float8_e8m0fnu": 2.0**127}
+# The formats with an infinity: a value beyond the others' range has no value of the format (a
+# cast then saturates or gives NaN, the framework's choice).
+HAS_INFINITY = ("float16", "bfloat16", "float32", "float64", "float8_e5m2")
+
+
+def overflow_boundary(dtype_name: str) -> float:
+    """The largest value plus half its ulp: what rounds beyond the dtype's range starts here
+    (65520 in float16, 464 in e4m3fn), what lies below it rounds to a value of the dtype."""
+    top = LARGEST_FINITE[dtype_name]
+    return top + 0.5 * 2.0 ** (math.frexp(top)[1] - 1) * MACHINE_EPS[dtype_name]
 
 # free_benchmark: the noise value v per dtype (msprobe's). It is also the minimum-magnitude gate of
 # add_noise/bit_noise and, as sqrt(v), the clamp floor of the ratio metric in the forward stage.
@@ -88,8 +119,11 @@ def single_benchmark_threshold(dtype_name: str) -> SingleBenchmarkThreshold:
 #   accumulating in bf16 over 64 terms scores 6.4 ulps, fp8-rounded inputs 17-19.
 # - float64 1e-10 (~450,000 ulps): not measurable on a CPU (its own reference); catches fp32 math
 #   behind a float64 API (~1e-7) and leaves room for another summation order.
+# - the FP8 formats 1 ulp: an FP8 result is one rounding of a wider value (a cast, a scaled matmul
+#   with an FP8 output), correctly rounded at 0.5 ulp; an ulp of e4m3 is already 12.5 %.
 DISPATCH_SCALED_THRESHOLD = {"float32": 2e-4, "bfloat16": 4 * MACHINE_EPS["bfloat16"],
-                             "float16": 4 * MACHINE_EPS["float16"], "float64": 1e-10}
+                             "float16": 4 * MACHINE_EPS["float16"], "float64": 1e-10,
+                             **{name: MACHINE_EPS[name] for name in FLOAT8_DTYPES + SCALE_DTYPES}}
 
 
 def dispatch_scaled_threshold(dtype_name: str, chained: bool = False) -> float | None:
@@ -117,14 +151,16 @@ DIRECTION_MAX_DROP = 0.03
 # - float16 / bfloat16: 4 ulps. A correctly rounded result scores 0.5; the clean kernels of a
 #   Llama training step in bf16 score at most 0.97 (attention), forward; the calibration is in
 #   README "The scaled rule".
+# - the FP8 formats: 1 ulp, as online_dispatch's (an FP8 result is one rounding of a wider value).
+_FP8_ONE_ULP = {name: MACHINE_EPS[name] for name in FLOAT8_DTYPES + SCALE_DTYPES}
 SCALED_THRESHOLD = {"bfloat16": 4.0 * MACHINE_EPS["bfloat16"], "float16": 4.0 * MACHINE_EPS["float16"], "float32": 2e-4,
-                    "float64": 2e-4}
+                    "float64": 2e-4, **_FP8_ONE_ULP}
 SCALED_THRESHOLD_DEFAULT = 2e-4
 # The backward stage's gradients chain several roundings of the dtype (attention's dP, dS, dQ):
 # 16 ulps for half dtypes (measured: 6.8 ulps in a bf16 Llama's attention gradients), the same
 # relative threshold for float32/float64 (their clean gradients score under 20 fp32 ulps).
 SCALED_BACKWARD_THRESHOLD = {"bfloat16": 16.0 * MACHINE_EPS["bfloat16"], "float16": 16.0 * MACHINE_EPS["float16"],
-                             "float32": 2e-4, "float64": 2e-4}
+                             "float32": 2e-4, "float64": 2e-4, **_FP8_ONE_ULP}
 # add_noise / bit_noise: a well-conditioned API moves its outputs by about as much as its inputs
 # moved (both at their scales). The allowance is SCALED_THRESHOLD + NOISE_AMPLIFICATION x the
 # input's move, so an API is flagged when it amplifies a one-ulp input move more than this.

@@ -279,6 +279,19 @@ def noise_floor(dtype_name: str, scale: float, reduction: float) -> float:
     return ulps * eps * scale * math.sqrt(max(1.0, reduction))
 
 
+def rounded_once_floor(dtype_name: str, scale: float, terms: int) -> float:
+    """The noise floor of an op whose reference starts from its own exact operands and which a
+    correct kernel rounds once to its output dtype after a float32 sum of `terms` products (the
+    FP8 matmul): half an ulp of the output's scale, plus NOISE_FLOOR_ULPS float32 ulps per
+    sqrt(term) for the sum. `scale` is the output's: the FP8 operands' values are in scaled
+    units. The general floor (8 output ulps, sqrt of the reduction, the inputs' magnitudes) would
+    let a kernel that accumulates in bfloat16 pass (12 bf16 ulps of the row's scale at K = 512)."""
+    eps = MACHINE_EPS.get(dtype_name)
+    if eps is None or not math.isfinite(scale):
+        return 0.0
+    return (0.5 * eps + NOISE_FLOOR_ULPS * MACHINE_EPS["float32"] * math.sqrt(max(1, terms))) * scale
+
+
 @dataclass(frozen=True)
 class LeafVerdict:
     """Figures and verdict of one output leaf, ready to be written as a CSV row."""

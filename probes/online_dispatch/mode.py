@@ -128,8 +128,9 @@ class _OpInfo:
             self.on_host = npu_references.reference_for(func._opname)
             if self.on_host is None and self.skip is None:
                 self.skip = skip_list.NO_CPU_REFERENCE
-        self.half_to_float = reference.half_to_float_index(func) if self.skip is None else None
-        self.written = reference.written_arguments(func) if self.skip is None else ((), ())
+        compared = self.skip is None or self.per_call is not None
+        self.half_to_float = reference.half_to_float_index(func) if compared else None
+        self.written = reference.written_arguments(func) if compared else ((), ())
 
 
 class _Job:
@@ -320,7 +321,7 @@ class OnlineDispatchMode(TorchDispatchMode):
         if info is None:
             info = self._infos[func] = _OpInfo(func)
         reason = info.skip
-        if reason is None and info.per_call is not None:
+        if info.per_call is not None:  # attention's dropout, _to_copy's FP8 casts: the call decides
             reason = info.per_call(args, kwargs)
         if reason is None and func in self._no_cpu_kernel:
             reason = skip_list.NO_CPU_KERNEL
@@ -456,7 +457,8 @@ class OnlineDispatchMode(TorchDispatchMode):
         idx = self._counters.get(info.api, 0) + 1
         self._counters[info.api] = idx
         job.prefix = f"{info.api}_{idx}"
-        job.cmp = cmp = verdict.OpComparison(job.prefix, chained=info.chained)
+        job.cmp = cmp = verdict.OpComparison(job.prefix, chained=info.chained,
+                                             rounded_once_terms=reference.rounded_once_terms(job.func, job.args))
         ref = job.ref
         verdict.collect_inputs(cmp, job.args, job.kwargs,
                                ref.pristine_args if ref.pristine_args is not None else ref.args,

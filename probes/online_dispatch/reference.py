@@ -15,6 +15,8 @@ arguments become ``cpu``, and ``half_to_float`` is cleared (the CPU refuses it o
 
 The fused attention kernels (``ATTENTION``) are the exception to "the reference is the op re-run":
 their reference is `attention`, the computation written out (see there and `host_reference`).
+So is the FP8 matmul ``_scaled_mm``, which has no float64 kernel: `scaled_mm`, the dequantised
+operands multiplied in float64 (on any device: FP8 and float32 values are exact in it).
 """
 
 from __future__ import annotations
@@ -256,6 +258,8 @@ def host_reference(func: Any) -> Callable[..., tuple[Any, ...]] | None:
     overloads too: their descaling factors are not modelled, so they are re-run like any op)."""
     if func.namespace != "aten" or func._overloadname != "default":
         return None
+    if func._opname == "_scaled_mm":
+        return scaled_mm
     spec = ATTENTION.get(func._opname)
     if spec is None:
         return None
@@ -367,3 +371,50 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
         dv = dv.unflatten(-3, (v.shape[-3], groups)).sum(-3)
     dmask = dbias.reshape(mask.shape) if dbias is not None else None
     return out, lse, (dq, dk.sum_to_size(k.shape), dv.sum_to_size(v.shape), dmask)
+
+
+# the FP8 matmul ------------------------------------------------------------------------------------
+
+
+def rounded_once_terms(func: Any, args: tuple) -> int:
+    """For ``_scaled_mm`` (whose reference is exact and which a correct kernel rounds once), the
+    number of products per output element; 0 for every other op."""
+    if getattr(func, "namespace", None) != "aten" or getattr(func, "_opname", None) != "_scaled_mm":
+        return 0
+    first = args[0] if args else None
+    return int(first.shape[-1]) if isinstance(first, torch.Tensor) and first.dim() == 2 else 0
+
+
+def _dequantised(data: torch.Tensor, scale: torch.Tensor, rowwise: tuple[int, int]) -> torch.Tensor | None:
+    """data * scale in float64 for the scales the reference models: one per tensor (0-d or one
+    element) or one per row of the left operand / column of the right one (`rowwise` is that
+    shape); None for another layout (block scales)."""
+    if scale.numel() == 1:
+        return data.double() * scale.double().reshape(())
+    if tuple(scale.shape) == rowwise:
+        return data.double() * scale.double()
+    return None
+
+
+def scaled_mm(self: torch.Tensor, mat2: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+              bias: torch.Tensor | None = None, scale_result: torch.Tensor | None = None,
+              out_dtype: Any = None, use_fast_accum: bool = False) -> Any:
+    """The reference of ``aten._scaled_mm``: (self * scale_a) @ (mat2 * scale_b) + bias in float64,
+    from the call's own FP8 operands and scales; the correct answer is this value rounded to the
+    output dtype, so a correct kernel scores at most half an ulp of it plus its float32
+    accumulation. ``use_fast_accum`` is held to the same answer: it may accumulate in a narrower
+    type, and how much that loses is what the comparison reports. Not compared: a call with a
+    ``scale_result`` (an FP8 output's scale, whose direction, multiply or divide, is the kernel's
+    convention) or with block scales."""
+    m, n = self.shape[0], mat2.shape[1]
+    if scale_result is not None:
+        return NotCompared("an FP8 output's scale_result: applied by multiplying or dividing, by kernel")
+    a = _dequantised(self, scale_a, (m, 1))
+    b = _dequantised(mat2, scale_b, (1, n))
+    if a is None or b is None:
+        shapes = f"{list(scale_a.shape)} x {list(scale_b.shape)}"
+        return NotCompared(f"scales of shape {shapes}: only tensorwise and rowwise scales are modelled")
+    out = a @ b
+    if bias is not None:
+        out = out + bias.double()
+    return out

@@ -13,6 +13,11 @@ The reference (msprobe 8.3.3) kept a fixed name list with gaps (``empty_like``, 
 ``native_dropout``, void ops such as ``_foreach_add_`` ... were re-run and compared); here the
 categories come from the op's schema where possible (no tensor argument, a Generator argument,
 the ``nondeterministic_seeded`` tag, view aliasing), and the name lists below cover the rest.
+
+Casts are copies, but a cast *to* an FP8 format is a rounding to 3 or 2 significand bits that
+FP8 training relies on (and one *from* it must be exact): ``_to_copy``'s reason is a copy, but its
+`call_rule` has the last word per call: compared when it changes the dtype to or from an FP8
+format.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
+
+from probes.core.thresholds import FLOAT8_DTYPES, SCALE_DTYPES
 
 FACTORY = "factory: no tensor input, the output depends only on the arguments"
 UNINITIALISED = "uninitialised memory or storage reassignment (empty*, resize_, set_)"
@@ -136,9 +143,26 @@ def skip_reason(func: Any) -> str | None:
     return None
 
 
+# ops that are a copy unless they cast to or from an FP8 format
+FLOAT8_CASTS = frozenset({"_to_copy"})
+_FLOAT8 = frozenset(getattr(torch, name) for name in FLOAT8_DTYPES + SCALE_DTYPES if hasattr(torch, name))
+
+
+def _float8_cast_rule(args: tuple, kwargs: dict) -> str | None:
+    """Compared when the call changes the dtype to or from an FP8 format, else a copy."""
+    src = args[0] if args else kwargs.get("self")
+    dst = kwargs.get("dtype")
+    if not isinstance(src, torch.Tensor) or dst is None or dst == src.dtype:
+        return COPY
+    return None if (src.dtype in _FLOAT8 or dst in _FLOAT8) else COPY
+
+
 def call_rule(func: Any) -> Callable[[tuple, dict], str | None] | None:
-    """For an op whose skip depends on its arguments (attention: dropout), the per-call decision
-    (the reason or None, from the call's args and kwargs); None for ops decided per overload."""
+    """For an op whose skip depends on its arguments (attention: dropout; ``_to_copy``: FP8), the
+    per-call decision (the reason or None, from the call's args and kwargs), which replaces the
+    overload's `skip_reason`; None for ops decided per overload."""
+    if func.namespace == "aten" and func._opname in FLOAT8_CASTS:
+        return _float8_cast_rule
     if func.namespace != "aten" or func._opname not in ATTENTION_BY_CALL:
         return None
     arguments = func._schema.arguments

@@ -24,7 +24,15 @@ from probes.backends.torch_backend import BACKEND
 from probes.core import dispatch_metrics as dm
 from probes.core import rules
 from probes.core.metrics import finish_single_benchmark
-from probes.core.thresholds import FLOAT_DTYPES, dispatch_scaled_threshold, single_benchmark_threshold
+from probes.core.thresholds import (
+    FLOAT_DTYPES,
+    HAS_INFINITY,
+    LARGEST_FINITE,
+    MACHINE_EPS,
+    dispatch_scaled_threshold,
+    overflow_boundary,
+    single_benchmark_threshold,
+)
 from probes.online_dispatch.reference import CPU, NotCompared, PerQuery
 from probes.online_dispatch.results import Row, input_row, output_row, special_row
 
@@ -64,6 +72,9 @@ class OpComparison:
     pairs: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     stat_tensors: list[torch.Tensor] = field(default_factory=list)
     chained: bool = False  # a fused backward that rounds intermediates: the wider limit (thresholds)
+    # the FP8 matmul: its reference is exact, a correct kernel rounds once (dm.rounded_once_floor);
+    # the number of products summed per output element, 0 for every other op
+    rounded_once_terms: int = 0
 
 
 def _dtype_name(x: Any) -> str:
@@ -102,16 +113,23 @@ def _not_compared(cmp: OpComparison, name: str, dev: Any, ref: Any, message: str
 
 
 def _overflowed_as(ref: torch.Tensor, dev: torch.Tensor) -> torch.Tensor:
-    """The reference with the values beyond the device dtype's range as that dtype's infinities:
-    a float32 product of 1e30 and 1e30 is inf, correctly rounded, where the float64 reference
-    holds 1e60; without this the two would be reported as an inf/nan mismatch."""
+    """The reference with the values that round beyond the device dtype's range as what the dtype
+    holds there: a float32 product of 1e30 and 1e30 is inf, correctly rounded, where the float64
+    reference holds 1e60; without this the two would be reported as an inf/nan mismatch. A value
+    rounds beyond the range from half an ulp above the largest value on (65520 in float16, not
+    65505). What the dtype holds there is its infinity, or, for an FP8 format without one, what
+    PyTorch's CPU cast gives (e4m3fn saturates at 448, the fnuz formats give NaN): a convention of
+    the framework, which the device's cast is held to."""
     if not (dev.is_floating_point() and ref.is_floating_point()) or dev.dtype == ref.dtype:
         return ref
-    top = torch.finfo(dev.dtype).max
-    beyond = ref.abs() > top
+    name = BACKEND.dtype_name(dev)
+    boundary = overflow_boundary(name) if name in LARGEST_FINITE else torch.finfo(dev.dtype).max
+    beyond = ref.abs() >= boundary
     if not bool(beyond.any()):
         return ref
-    return torch.where(beyond, ref.sign() * float("inf"), ref)
+    if name in HAS_INFINITY:
+        return torch.where(beyond, ref.sign() * float("inf"), ref)
+    return torch.where(beyond, ref.to(dev.dtype).to(ref.dtype), ref)
 
 
 def _add_pair(cmp: OpComparison, name: str, dev: Any, ref: Any) -> None:
@@ -208,7 +226,11 @@ def _walk_inputs(cmp: OpComparison, name: str, dev: Any, ref: Any) -> None:
 
 
 def _eps(t: torch.Tensor) -> float | None:
-    return torch.finfo(t.dtype).eps if t.is_floating_point() else None
+    """The dtype's machine epsilon from the core's table where it has the dtype (torch.finfo says
+    0.125 for float8_e5m2fnuz, whose spacing at 1 is 0.25)."""
+    if not t.is_floating_point():
+        return None
+    return MACHINE_EPS.get(BACKEND.dtype_name(t), torch.finfo(t.dtype).eps)
 
 
 def figures(pairs: list[tuple[torch.Tensor, torch.Tensor]], scaled: bool = True,
@@ -324,9 +346,11 @@ def rows(cmp: OpComparison, out_figs: list[list[float]], all_details: bool = Fal
         ev = evidence.get(leaf.index)
         if ev is not None:
             numel = max(1, _numel(leaf.shape))
-            scale = max(in_scale, dm.finite_abs_max(ev[0], ev[1]),
-                        dm.finite_abs_max(ev[dm.STAT_COUNT], ev[dm.STAT_COUNT + 1]))
-            floor = dm.noise_floor(leaf.dtype_name, scale, biggest / numel)
+            out_scale = max(dm.finite_abs_max(ev[0], ev[1]), dm.finite_abs_max(ev[dm.STAT_COUNT], ev[dm.STAT_COUNT + 1]))
+            if cmp.rounded_once_terms:
+                floor = dm.rounded_once_floor(leaf.dtype_name, out_scale, cmp.rounded_once_terms)
+            else:
+                floor = dm.noise_floor(leaf.dtype_name, max(in_scale, out_scale), biggest / numel)
             verdict = dm.judge(out_figs[leaf.index], numel, leaf.dtype_name, floor, rule, leaf.tensor, cmp.chained)
         row = output_row(leaf.name, leaf.dev_dtype, leaf.ref_dtype, str(leaf.shape), verdict)
         if ev is not None:

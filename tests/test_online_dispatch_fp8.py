@@ -220,3 +220,67 @@ def test_a_torchao_float8_mlp_trains_under_online_dispatch_with_its_matmuls_comp
     assert compared.get("aten._scaled_mm.default") == 3 * 6, compared
     assert compared.get("aten._to_copy.default", 0) >= 3 * 6
     assert s["failed_op_count"] == 0, s["failed_ops"]
+
+
+# the catalogue's FP8 cases -------------------------------------------------------------------------
+def fp8_case(api: str, dtype: str):
+    from pytest_msprobe.catalogue import fp8_ops
+
+    (case,) = [c for c in fp8_ops.cases() if c.api == api and c.dtype == dtype]
+    return case
+
+
+def gated(result) -> dict:
+    from pytest_msprobe.catalogue import gate
+
+    return gate.judge(result.to_dict(), gate.Goldens(device="cpu", identity="test-machine", own=None), False)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("api", ["Torch._scaled_mm[e4m3fn-e4m3fn-tensorwise]", "Torch._scaled_mm[e4m3fn-e5m2-rowwise]"])
+def test_the_catalogue_passes_scaled_mm_and_fails_a_bf16_accumulating_one_on_any_machine(api, dtype, request):
+    """No golden at all: the accumulation test ratio (a limit that holds on every machine) gates it."""
+    from probes.core.accumulation import RATIO_LIMIT
+    from pytest_msprobe.catalogue.measure import measure_torch
+
+    case = fp8_case(api, dtype)
+    clean = measure_torch(case, "cpu", verdict=False)
+    assert clean.samples == 4 and clean.ratio < RATIO_LIMIT[dtype] / 2
+    assert gated(clean)["status"] == "measured"
+    if dtype == "bfloat16":
+        assert clean.max_ulp <= 0.51
+    request.getfixturevalue("narrow_scaled_mm")
+    seeded = measure_torch(case, "cpu", verdict=False)
+    assert seeded.ratio > 5 * RATIO_LIMIT[dtype]
+    assert gated(seeded)["status"] == "over limit"
+
+
+def test_the_catalogue_fails_a_cast_that_truncates(monkeypatch):
+    from pytest_msprobe.catalogue import fp8_ops
+    from pytest_msprobe.catalogue.measure import measure_torch
+
+    case = fp8_case("Tensor.to[float8_e4m3fn]", "float32")
+    clean = measure_torch(case, "cpu", verdict=False)
+    assert clean.max_ulp <= 0.5 and gated(clean)["status"] == "measured"
+    correct = fp8_ops.call(case.api)
+
+    def truncating(inp, args, kwargs):  # round toward zero: one spacing down where the cast rounded up
+        out = correct(inp, args, kwargs)
+        if inp.dtype == torch.float64:
+            return out
+        up = out.double().abs() > inp.double().abs()
+        below = out.double().abs() - torch.from_numpy(scaled_spacing_below(out.double().abs().numpy()))
+        return torch.where(up, below * out.double().sign(), out.double()).to(out.dtype)
+
+    monkeypatch.setattr(fp8_ops, "call", lambda api: truncating)
+    seeded = measure_torch(case, "cpu", verdict=False)
+    assert 0.5 < seeded.max_ulp < 1.0
+    assert gated(seeded)["status"] == "over limit"
+
+
+def scaled_spacing_below(values):
+    import numpy as np
+
+    from probes.core.ulps import spacing
+
+    return spacing(np.nextafter(values, 0.0), "float8_e4m3fn")

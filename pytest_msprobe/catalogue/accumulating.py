@@ -33,6 +33,9 @@ _FAMILIES = {
         "linalg.matmul", "__matmul__", "__rmatmul__", "linear", "bilinear", "conv1d", "conv2d", "conv3d",
         "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "sum", "nansum", "cumsum", "trace",
         "sum_to_size", "masked.sum", "masked.cumsum",
+        # the FP8 matmul (pytest_msprobe.catalogue.fp8_ops), by operand formats and scaling
+        "_scaled_mm[e4m3fn-e4m3fn-tensorwise]", "_scaled_mm[e4m3fn-e5m2-tensorwise]",
+        "_scaled_mm[e4m3fn-e4m3fn-rowwise]", "_scaled_mm[e4m3fn-e5m2-rowwise]",
     },
     MEANS: {"mean", "nanmean", "masked.mean"},
     NORMS: {"linalg.vector_norm", "norm", "norm[fro]", "norm[inf]", "masked.norm"},

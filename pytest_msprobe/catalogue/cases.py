@@ -2,7 +2,8 @@
 
 PyTorch: every deterministic OpInfo entry reachable through a public name (opinfo_ops) when
 `torch.testing._internal` imports (it needs `expecttest`); otherwise every row of the project's
-API table (pytest_msprobe.api.inputs), inputs drawn by Hypothesis. MindSpore: the table rows whose
+API table (pytest_msprobe.api.inputs), inputs drawn by Hypothesis. And the FP8 matmul and casts
+(fp8_ops), which OpInfo's float64-less entries cannot give a reference. MindSpore: the table rows whose
 name MindSpore's mint has (mindspore_cases). One case per API x dtype, float32, float16 and
 bfloat16; a dtype without a CPU kernel is a skipped test with the reason, so the matrix is the
 same on every machine.
@@ -18,11 +19,11 @@ import importlib.util
 import os
 
 from probes.core.errors import ConfigError
-from pytest_msprobe.catalogue import mindspore_ops, npu_ops
+from pytest_msprobe.catalogue import fp8_ops, mindspore_ops, npu_ops
 from pytest_msprobe.catalogue.records import DTYPES, CatalogueCase
 
 SOURCE_ENV = "MSPROBE_CATALOGUE_SOURCE"  # "opinfo", "table", "mindspore" or "auto" (default)
-SOURCES = ("auto", "opinfo", "table", "mindspore", "npu")
+SOURCES = ("auto", "opinfo", "table", "mindspore", "npu", "fp8")
 
 
 def wanted_source() -> str:
@@ -108,6 +109,8 @@ def all_cases() -> list[CatalogueCase]:
             cases += table_cases()
     if has_torch and source in ("auto", "npu"):
         cases += npu_cases()
+    if has_torch and source in ("auto", "fp8"):
+        cases += fp8_ops.cases()
     if has_ms and source in ("auto", "mindspore"):
         cases += mindspore_cases()
     return cases

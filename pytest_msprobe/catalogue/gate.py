@@ -17,6 +17,8 @@ Two kinds of limit judge a run:
     above its dtype's limit. TF32 / bfloat16-input float32 products and half-precision sums
     accumulating in the half type exceed it on every machine; any summation order in the
     accumulation dtype stays far below.
+  - **over limit** (one rounding): an API whose correct answer is one rounding (the FP8 casts)
+    with a max ulp above 0.5;
   - **over limit** (cross-machine): a max or p99 ulp figure more than ``CROSS_MACHINE_FACTOR``
     times (plus ``CROSS_MACHINE_ABS`` ulps) the figure of every other machine's golden for the
     API. Correct kernels of two machines differ by a few times (9 against 23 ulps for two float32
@@ -62,6 +64,7 @@ from typing import Any
 from probes.core.accumulation import ACCUMULATES_IN, RATIO_LIMIT
 from probes.core.number_format import short_number
 from probes.core.writers import write_text_atomic
+from pytest_msprobe.catalogue import fp8_ops
 from pytest_msprobe.golden import kinds as gk
 
 ULP_MARGIN = 0.5
@@ -83,6 +86,10 @@ CSV_HEADER = ["api", "dtype", "device", "samples", "max_ulp", "p99_ulp", "ratio"
 OK, ACCEPTED, REGRESSED, NEWLY_FLAGGED, BROKEN = "ok", "accepted", "regressed", "newly flagged", "broken"
 NEW, MEASURED, FLAGGED, REGENERATED, SKIPPED = "new", "measured", "flagged", "regenerated", "skipped"
 OVER_LIMIT = "over limit"
+# APIs whose correct answer is one rounding of the exact value (the FP8 casts): on every machine at
+# most half an ulp, so any figure above it is over the limit, golden or not
+ONE_ROUNDING = frozenset(fp8_ops.CASTS)
+CORRECTLY_ROUNDED_ULP = 0.5
 FAILING = (REGRESSED, OVER_LIMIT, NEWLY_FLAGGED, BROKEN, FLAGGED)
 # the order statuses are listed and sorted in (terminal summary, report): failures first
 STATUS_ORDER = (REGRESSED, OVER_LIMIT, NEWLY_FLAGGED, BROKEN, FLAGGED, ACCEPTED, NEW, MEASURED, REGENERATED, OK,
@@ -251,6 +258,9 @@ def judge(result: dict[str, Any], golden: Goldens, regen: bool) -> dict[str, Any
     failures: list[tuple[str, str]] = []  # (status, text), worst status first once sorted
     known: list[str] = []
     _judge_ratio(result, own, elsewhere, golden.known.get(key), failures, known)
+    if result["api"] in ONE_ROUNDING and (result["max_ulp"] or 0.0) > CORRECTLY_ROUNDED_ULP:
+        failures.append((OVER_LIMIT, f"max ulp {ulp_text(result['max_ulp'])} > {CORRECTLY_ROUNDED_ULP:g}: one "
+                                     f"rounding, correctly rounded on every machine"))
     if own is not None:
         for name, now, before in (("max", result["max_ulp"], own.max_ulp), ("p99", result["p99_ulp"], own.p99_ulp)):
             if not _within(now, before, ulp_bound):

@@ -32,7 +32,7 @@ from probes.core.accumulation import accumulation_ratio
 from probes.core.errors import ConfigError
 from probes.core.trees import iter_leaves, tree_map
 from probes.core.ulps import ULP_DTYPES, UlpSummary, ulp_errors
-from pytest_msprobe.catalogue import accumulating, npu_ops
+from pytest_msprobe.catalogue import accumulating, fp8_ops, npu_ops
 from pytest_msprobe.catalogue.draws import draw_examples
 from pytest_msprobe.catalogue.mindspore_ops import measure_mindspore
 from pytest_msprobe.catalogue.records import (
@@ -75,6 +75,9 @@ def torch_samples(case: CatalogueCase, count: int = SAMPLES) -> list[tuple[Calla
     if case.source == "npu":
         run = npu_ops.call(case.ref)
         return [(run, *s) for s in npu_ops.samples(case.ref, dtype, count)]
+    if case.source == "fp8":
+        run = fp8_ops.call(case.api)
+        return [(run, *s) for s in fp8_ops.samples(case, count)]
     if case.source == "opinfo":
         entry = _opinfo_entries()[case.ref]
         samples: list[tuple[Callable[..., Any], Any, tuple, dict]] = []

@@ -28,7 +28,7 @@ class CatalogueCase:
 
     api: str  # the catalogue's name: free_benchmark's key ("Torch.rsqrt"), an OpInfo variant in [...]
     dtype: str
-    source: str  # "opinfo", "table", "mindspore" or "npu" (torch_npu's fused operators)
+    source: str  # "opinfo", "table", "mindspore", "npu" (torch_npu's fused operators) or "fp8"
     ref: str  # the OpInfo entry name, or the API table's name
     key: str  # the free_benchmark key the probe checks (the public name called)
     skip: str | None = None

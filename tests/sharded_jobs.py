@@ -18,7 +18,8 @@ STEPS = 2
 
 def grad_probe_job(dump: str, engine: str, level: str = "L2", steps: int = STEPS, ranks: list[int] | None = None,
                    flip: tuple[int, str, int] | None = None, probe: bool = True,
-                   fail: tuple[int, tuple[int, ...]] | None = None, step_filter: list[int] | None = None) -> dict[str, Any]:
+                   fail: tuple[int, tuple[int, ...]] | None = None, step_filter: list[int] | None = None,
+                   fp8: list[str] | None = None) -> dict[str, Any]:
     """``flip=(rank, param, step)``: on that rank only, the sign of its own slice of that
     parameter's gradient is flipped at that step, before the optimizer step (a seeded defect on
     one rank's shard). ``fail=(rank, shape)``: on that rank only, the probe cannot read its slice
@@ -47,6 +48,8 @@ def grad_probe_job(dump: str, engine: str, level: str = "L2", steps: int = STEPS
             config["rank"] = ranks
         if step_filter is not None:
             config["step"] = step_filter
+        if fp8 is not None:
+            config["grad_probe"]["fp8_health"] = fp8
         debugger = PrecisionDebugger(config=config, model=model)
         debugger.monitor(model)
 

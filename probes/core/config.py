@@ -38,6 +38,7 @@ from typing import Any, Union
 from probes.core.errors import ConfigError
 from probes.core.hints import did_you_mean
 from probes.core.rules import FREE_BENCHMARK_RULES
+from probes.core.thresholds import FLOAT8_DTYPES
 
 __all__ = [
     "ADD_NOISE_STYLES",
@@ -52,6 +53,7 @@ __all__ = [
     "TOP_LEVEL_KEYS",
     "GRAD_LEVELS",
     "GRAD_PROBE_KEYS",
+    "GRAD_PROBE_OWN_KEYS",
     "FreeBenchmarkConfig",
     "GradProbeConfig",
     "ProbeConfig",
@@ -71,6 +73,8 @@ GRAD_LEVELS = ("L0", "L1", "L2")
 
 #: Keys of the ``"grad_probe"`` section (msprobe's).
 GRAD_PROBE_KEYS = ("grad_level", "param_list", "bounds")
+#: Our keys of the ``"grad_probe"`` section: off by default, so msprobe's files stay as they were.
+GRAD_PROBE_OWN_KEYS = ("fp8_health",)
 #: Bounds must fit an int64, as in the reference's check_bounds (so nan/inf are rejected too).
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
@@ -173,10 +177,17 @@ class GradProbeConfig:
     grad_level: str = "L1"
     param_list: tuple[str, ...] = ()  # () = every parameter
     bounds: tuple[float | int, ...] = (-1, 0, 1)
+    # FP8 formats whose underflow / saturation columns end each CSV row; () keeps msprobe's format
+    fp8_health: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        """The section as JSON data, so it can be fed back to load_config."""
-        return {"grad_level": self.grad_level, "param_list": list(self.param_list), "bounds": list(self.bounds)}
+        """The section as JSON data, so it can be fed back to load_config (``fp8_health`` only when
+        set: a config without it round-trips to msprobe's keys)."""
+        out: dict[str, Any] = {"grad_level": self.grad_level, "param_list": list(self.param_list),
+                               "bounds": list(self.bounds)}
+        if self.fp8_health:
+            out["fp8_health"] = list(self.fp8_health)
+        return out
 
 
 @dataclass(frozen=True)
@@ -459,7 +470,8 @@ def _apply_overrides(
     Returns whether a grad_probe key was set (which makes the grad_probe section present).
     """
     touched_gp = False
-    known = TOP_LEVEL_KEYS + FREE_BENCHMARK_KEYS + GRAD_PROBE_KEYS
+    gp_keys = GRAD_PROBE_KEYS + GRAD_PROBE_OWN_KEYS
+    known = TOP_LEVEL_KEYS + FREE_BENCHMARK_KEYS + gp_keys
     for key, value in overrides.items():
         name = key
         if isinstance(key, str) and key.startswith("free_benchmark."):
@@ -468,13 +480,13 @@ def _apply_overrides(
                 name = key  # reported below as unknown
         elif isinstance(key, str) and key.startswith("grad_probe."):
             name = key[len("grad_probe.") :]
-            if name not in GRAD_PROBE_KEYS:
+            if name not in gp_keys:
                 name = key
         if name in TOP_LEVEL_KEYS:
             raw[name] = value
         elif name in FREE_BENCHMARK_KEYS:
             fb[name] = value
-        elif name in GRAD_PROBE_KEYS:
+        elif name in gp_keys:
             gp[name] = value
             touched_gp = True
         else:
@@ -685,12 +697,33 @@ def _bounds(value: object) -> tuple[float | int, ...]:
     return tuple(value)
 
 
+def _fp8_health(value: object) -> tuple[str, ...]:
+    """FP8 format names, each once; null or [] = no FP8 columns. A list, not a switch, because the
+    columns are per format and e4m3 (forward) and e5m2 (gradients) answer different questions."""
+    key = "grad_probe.fp8_health"
+    allowed = f"a list of FP8 formats, each once, from {_one_of(FLOAT8_DTYPES)}"
+    example = 'write e.g. ["float8_e5m2", "float8_e4m3fn"]'
+    if value is None:
+        return ()
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(key, value, f"{allowed} (got a {_type_name(value)})", hint=example)
+    for i, item in enumerate(value):
+        if not isinstance(item, str) or item not in FLOAT8_DTYPES:
+            spelled = f"float8_{item}" if isinstance(item, str) else ""
+            hint = f'write "{spelled}"' if spelled in FLOAT8_DTYPES else example
+            raise ConfigError(f"{key}[{i}]", item, allowed, hint=hint)
+        if item in value[:i]:
+            raise ConfigError(f"{key}[{i}]", item, f"{allowed}: {item!r} is listed twice")
+    return tuple(value)
+
+
 def _grad_probe(gp: Mapping[Any, Any]) -> GradProbeConfig:
     """Validate the grad_probe section (msprobe's checks, plus: empty ``bounds`` rejected)."""
     return GradProbeConfig(
         grad_level=_grad_level(gp.get("grad_level")),
         param_list=_param_list(gp.get("param_list")),
         bounds=_bounds(gp.get("bounds")),
+        fp8_health=_fp8_health(gp.get("fp8_health")),
     )
 
 
@@ -719,7 +752,7 @@ def load_config(
     gp = _section(raw, "grad_probe")
     gp_present = gp is not None
     gp = gp or {}
-    _warn_unknown(gp.keys(), GRAD_PROBE_KEYS, "grad_probe.")
+    _warn_unknown(gp.keys(), GRAD_PROBE_KEYS + GRAD_PROBE_OWN_KEYS, "grad_probe.")
     if overrides is not None:
         if not isinstance(overrides, Mapping):
             raise ConfigError("overrides", overrides, "a mapping of config keys to values")

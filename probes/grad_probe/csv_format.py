@@ -28,7 +28,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from probes.core.writers import UMASK, write_text_atomic
-from probes.grad_probe.stats import Bound, GradStats
+from probes.grad_probe.stats import FP8_HEALTH_FIGURES, Bound, GradStats
 
 FILE_MODE = 0o640
 DIR_MODE = 0o750
@@ -49,20 +49,32 @@ def interval_headers(bounds: Sequence[Bound]) -> list[str]:
     return heads
 
 
-def header(level: str, bounds: Sequence[Bound]) -> list[str]:
-    """The header row of grad_summary_{N}.csv for ``level`` (msprobe's: MD5 only at L0)."""
+def fp8_headers(formats: Sequence[str]) -> list[str]:
+    """``{format} underflow``, ``{format} saturated`` per format of grad_probe.fp8_health: after
+    msprobe's columns, so a reader that knows only those finds them where it expects."""
+    return [f"{f} {figure}" for f in formats for figure in FP8_HEALTH_FIGURES]
+
+
+def header(level: str, bounds: Sequence[Bound], fp8: Sequence[str] = ()) -> list[str]:
+    """The header row of grad_summary_{N}.csv for ``level`` (msprobe's: MD5 only at L0), then
+    the FP8 health columns of the formats ``fp8`` (none by default: msprobe's file)."""
     if level == "L0":
-        return ["param_name", "MD5", "max", "min", "norm", "shape"]
-    if level == "L1":
-        return ["param_name", "max", "min", "norm", "shape"]
-    if level == "L2":
-        return ["param_name", *interval_headers(bounds), "=0", "max", "min", "norm", "shape"]
-    raise ValueError(f"unknown grad_level {level!r}: expected L0, L1 or L2")
+        heads = ["param_name", "MD5", "max", "min", "norm", "shape"]
+    elif level == "L1":
+        heads = ["param_name", "max", "min", "norm", "shape"]
+    elif level == "L2":
+        heads = ["param_name", *interval_headers(bounds), "=0", "max", "min", "norm", "shape"]
+    else:
+        raise ValueError(f"unknown grad_level {level!r}: expected L0, L1 or L2")
+    return heads + fp8_headers(fp8)
 
 
-def row_cells(level: str, stats: GradStats) -> list[Any]:
-    """The cells of one CSV row, in the header's order (csv.writer renders them with str())."""
+def row_cells(level: str, stats: GradStats, fp8_width: int = 0) -> list[Any]:
+    """The cells of one CSV row, in the header's order (csv.writer renders them with str());
+    ``fp8_width`` FP8 health cells at the end, empty where the record has none measured."""
     tail = [stats.max, stats.min, stats.norm, str(list(stats.shape))]
+    if fp8_width:
+        tail += list(stats.fp8) if stats.fp8 else [""] * fp8_width
     if level == "L0":
         return [stats.name, stats.md5 if stats.md5 is not None else "", *tail]
     if level == "L1":
@@ -99,16 +111,18 @@ def direction_file(root: str, rank: int, step: int, name: str) -> str:
 
 
 def write_summary_csv(
-    path: str | os.PathLike[str], level: str, bounds: Sequence[Bound], stats: Iterable[GradStats]
+    path: str | os.PathLike[str], level: str, bounds: Sequence[Bound], stats: Iterable[GradStats],
+    fp8: Sequence[str] = (),
 ) -> Path:
     """Write (replace) one step's grad_summary CSV: header always, then one row per record."""
-    rows = [_header(level, tuple(bounds))] + [row_cells(level, s) for s in stats]
+    width = len(FP8_HEALTH_FIGURES) * len(fp8)
+    rows = [_header(level, tuple(bounds), tuple(fp8))] + [row_cells(level, s, width) for s in stats]
     return _write_text_atomic(path, render_csv(rows))
 
 
 @functools.lru_cache(maxsize=64)
-def _header(level: str, bounds: tuple) -> list[str]:
-    return header(level, bounds)
+def _header(level: str, bounds: tuple, fp8: tuple = ()) -> list[str]:
+    return header(level, bounds, fp8)
 
 
 def write_direction(path: str | os.PathLike[str], positive: Any) -> str:

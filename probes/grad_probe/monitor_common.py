@@ -65,6 +65,7 @@ class MonitorBase:
         self.level = self.gp.grad_level
         self.bounds = self.gp.bounds
         self.histogram = self.level == "L2"
+        self.fp8_formats = self.gp.fp8_health
         self.dump_path = Path(config.dump_path)
         self._root = os.fspath(self.dump_path)  # the per-step file names are built as strings
         self.rank: int | None = None
@@ -113,14 +114,14 @@ class MonitorBase:
             self._dirty = False
             summary = (self.summary_path, self.summary())
 
-        level, bounds, path = self.level, self.bounds, f"{self._root}{os.sep}rank{rank}{os.sep}grad_summary_{step}.csv"
+        level, bounds, fp8, path = self.level, self.bounds, self.fp8_formats, f"{self._root}{os.sep}rank{rank}{os.sep}grad_summary_{step}.csv"
 
         def task() -> None:
             for where, positive in directions:
                 csv_format.write_direction(where, positive)
             if slices:
                 csv_format.write_slices(self._root, rank, step, slices)
-            csv_format.write_summary_csv(path, level, bounds, records)
+            csv_format.write_summary_csv(path, level, bounds, records, fp8)
             if summary is not None:
                 write_json_atomic(*summary)
 

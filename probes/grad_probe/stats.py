@@ -32,6 +32,9 @@ import zlib
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from probes.core.fp8 import range_use_figures
+from probes.core.thresholds import LARGEST_FINITE
+
 #: Gradients larger than this are reduced chunk by chunk, so the float64 temporaries never cost
 #: more than 32 MiB whatever the parameter size.
 CHUNK_ELEMENTS = 1 << 22
@@ -51,6 +54,8 @@ class GradStats(NamedTuple):
     fractions: tuple[float, ...] = ()  # one per interval (L2 only)
     zero_fraction: float | None = None  # "=0" (L2 only)
     md5: str | None = None  # CRC-32 of float32 bytes (L0 only; see crc32_hex)
+    # FP8_HEALTH_FIGURES per format of grad_probe.fp8_health; None = not measured (empty cells)
+    fp8: tuple[float, ...] | None = ()
 
 
 def vector_length(bounds: Sequence[Bound], histogram: bool) -> int:
@@ -112,6 +117,56 @@ def stat_columns(xp: Any, grads: Sequence[Any], bounds: Sequence[Bound], histogr
     if batched is None or histogram:
         return xp.stack([stat_vector(xp, g, bounds, histogram, dtype=dtype) for g in grads], axis=1)
     return xp.concat([batched.extrema(grads, dtype), xp.reshape(batched.norms(grads, dtype), (1, -1))])
+
+
+#: the figures of each FP8 format of ``fp8_health``, in column order (one CSV column each)
+FP8_HEALTH_FIGURES = ("underflow", "saturated")
+#: the smallest amax a scale is taken from (torchao's clamp): an all-zero gradient has a finite scale
+AMAX_FLOOR = 1e-12
+
+
+def fp8_amax(xp: Any, g: Any, dtype: Any) -> Any:
+    """Device 0-d: the largest finite ``|g|`` (0 when there is none), the amax of the FP8 columns.
+
+    Finite only, unlike torchao's amax: an infinity there makes the scale 0 and flushes the whole
+    tensor, which would hide what the cast does to the rest; the infinities saturate instead."""
+    best = None
+    flat = xp.reshape(g, (-1,))
+    for start in range(0, math.prod(g.shape), CHUNK_ELEMENTS):
+        a = xp.abs(xp.astype(flat[start : start + CHUNK_ELEMENTS], dtype))
+        m = xp.max(xp.where(xp.isfinite(a), a, xp.zeros_like(a)))
+        best = m if best is None else xp.maximum(best, m)
+    return xp.asarray(0.0, dtype=dtype, device=_device(xp, g)) if best is None else best
+
+
+def fp8_counts(xp: Any, g: Any, amax: Any, formats: Sequence[str], dtype: Any) -> Any:
+    """Device vector of counts, ``FP8_HEALTH_FIGURES`` per format, of ``g`` scaled as torchao's
+    tensorwise recipe scales it: ``scale = largest value / max(amax, AMAX_FLOOR)`` (probes.core.fp8
+    counts each scaled value). ``amax`` is :func:`fp8_amax` (of the full tensor, for a slice)."""
+    parts = []
+    flat = xp.reshape(g, (-1,))
+    scales = [LARGEST_FINITE[f] / xp.maximum(amax, xp.full_like(amax, AMAX_FLOOR)) for f in formats]
+    for start in range(0, math.prod(g.shape), CHUNK_ELEMENTS):
+        chunk = xp.astype(flat[start : start + CHUNK_ELEMENTS], dtype)
+        figures = []
+        for f, scale in zip(formats, scales):
+            use = range_use_figures(xp, chunk * scale, f)  # [saturated, underflowed, flushed, elements]
+            figures += [use[1], use[0]]
+        parts.append(xp.stack(figures))
+    if not parts:
+        return xp.zeros((len(FP8_HEALTH_FIGURES) * len(formats),), dtype=dtype, device=_device(xp, g))
+    return parts[0] if len(parts) == 1 else xp.sum(xp.stack(parts), axis=0)
+
+
+def fp8_columns(xp: Any, grads: Sequence[Any], formats: Sequence[str], dtype: Any) -> Any:
+    """The FP8 health fractions of whole gradients, ``(len(FP8_HEALTH_FIGURES) * len(formats),
+    len(grads))``: a column per gradient, to stack under its :func:`stat_columns` (an empty
+    gradient gives 0.0, as its histogram fractions)."""
+    cols = []
+    for g in grads:
+        counts = fp8_counts(xp, g, fp8_amax(xp, g, dtype), formats, dtype)
+        cols.append(counts / float(max(math.prod(g.shape), 1)))
+    return xp.stack(cols, axis=1)
 
 
 #: rows of the summed figures of sharded gradients before the histogram's counts: sum of
@@ -232,9 +287,13 @@ def split_stats(
     bounds: Sequence[Bound],
     histogram: bool,
     md5: str | None = None,
+    fp8_width: int = 0,
 ) -> GradStats:
-    """A :class:`GradStats` record from a host copy of one :func:`stat_vector`."""
+    """A :class:`GradStats` record from a host copy of one :func:`stat_vector`, followed by
+    ``fp8_width`` FP8 health fractions (:func:`fp8_columns`)."""
     row = [float(v) for v in row]
+    width = vector_length(bounds, histogram)
+    fp8 = tuple(row[width : width + fp8_width])
     fractions: tuple[float, ...] = ()
     zero: float | None = None
     if histogram:
@@ -249,6 +308,7 @@ def split_stats(
         fractions=fractions,
         zero_fraction=zero,
         md5=md5,
+        fp8=fp8,
     )
 
 

@@ -36,6 +36,7 @@ Differences from msprobe 8.3.3:
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import weakref
 from collections.abc import Iterable, Mapping
@@ -243,6 +244,7 @@ class GradMonitor(MonitorBase):
                 return
             host = _to_host_packed([(block.columns, block.payload) for block in blocks])
         level, root, bounds, histogram = self.level, self._root, self.bounds, self.histogram
+        fp8_width = len(stats.FP8_HEALTH_FIGURES) * len(self.fp8_formats)
         records, directions, slices = [], [], {}
         for block, (rows, payload) in zip(blocks, host):
             offset = 0
@@ -265,7 +267,7 @@ class GradMonitor(MonitorBase):
                     directions.append((csv_format.direction_file(root, rank, step, name), data.reshape(local_shape)))
                     if block.sharded:
                         slices[name] = csv_format.slice_entry(shape, index)
-                records.append(stats.split_stats(name, shape, row, bounds, histogram, md5))
+                records.append(stats.split_stats(name, shape, row, bounds, histogram, md5, fp8_width))
         if len(blocks) > 1:  # the CSV's rows in the parameters' order
             order = {name: i for i, (name, _p) in enumerate(self.selected)}
             records.sort(key=lambda r: order[r.name])
@@ -319,6 +321,8 @@ class GradMonitor(MonitorBase):
         self._compute_dtypes.add(str(dtype).replace("torch.", ""))
         columns = stats.stat_columns(xp, gs, self.bounds, self.histogram, dtype=dtype,
                                      batched=torch_xp if batched else None)
+        if self.fp8_formats:
+            columns = torch.cat([columns, self._fp8_rows(xp, gs, dtype, gs[0].device)])
         flat = torch.cat([g.reshape(-1) for g in gs]) if len(gs) > 1 else gs[0].reshape(-1)
         payload = flat.to(dtype=torch.float32) if self.level == "L0" else flat > 0
         return _Block([(name, tuple(g.shape), tuple(g.shape), g.numel(), None) for name, g in batch], columns, payload)
@@ -366,10 +370,23 @@ class GradMonitor(MonitorBase):
             pieces.append(piece)
         summed, maxed = stats.shard_figures(xp, shares, self.bounds, self.histogram, dtype, device,
                                             batched=None if self.histogram else torch_xp)
+        fp8 = self.fp8_formats and dtype == torch.float64
+        if fp8:  # the slices' finite amaxes, max-reduced with the extremes: the full gradient's amax
+            amaxes = [self._fp8_share_amax(xp, share, dtype, device) for share in shares]
+            maxed = torch.cat([maxed, torch.stack(amaxes).reshape(1, -1)])
         torch_shards.reduce_figures(summed, maxed, groups)
+        fp8_rows = []
+        if fp8:  # each rank counts its slices at the full amax's scale; a second exchange sums them
+            counts = torch.stack([self._fp8_share_counts(xp, share, maxed[2, i], dtype, device)
+                                  for i, share in enumerate(shares)], dim=1)
+            torch_shards.reduce_figures(counts, torch.zeros(1, dtype=dtype, device=device), groups)
+            fp8_rows = [counts / torch.clamp(summed[1], min=1.0)]
+        elif self.fp8_formats:
+            fp8_rows = [self._fp8_rows(xp, [], dtype, device, len(members))]
         if failure is not None and self.config.strict:
-            raise failure  # after the exchange, which the other ranks are in too
-        columns = torch.cat([stats.combine_shards(xp, summed, maxed, self.bounds, self.histogram), summed[2:4]])
+            raise failure  # after the exchanges, which the other ranks are in too
+        columns = torch.cat([stats.combine_shards(xp, summed, maxed, self.bounds, self.histogram), *fp8_rows,
+                             summed[2:4]])
         out_members, payloads = [], []
         for (name, p), piece in zip(members, pieces):
             shape = piece.shape if piece is not None else tuple(int(s) for s in p.shape)
@@ -379,6 +396,38 @@ class GradMonitor(MonitorBase):
             payloads.append(flat.to(dtype=torch.float32) if self.level == "L0" else flat > 0)
             out_members.append((name, shape, tuple(local.shape), flat.numel(), piece.index if piece else None))
         return _Block(out_members, columns, torch.cat(payloads), sharded=True)
+
+    def _fp8_rows(self, xp: Any, gs: list[torch.Tensor], dtype: torch.dtype, device: torch.device,
+                  n: int | None = None) -> torch.Tensor:
+        """The FP8 health rows of whole gradients (stats.fp8_columns); NaN on a device without
+        float64, where the scaled values cannot be counted in the precision the columns promise."""
+        if dtype != torch.float64:
+            width = len(stats.FP8_HEALTH_FIGURES) * len(self.fp8_formats)
+            return torch.full((width, len(gs) if n is None else n), math.nan, dtype=dtype, device=device)
+        return stats.fp8_columns(xp, gs, self.fp8_formats, dtype)
+
+    def _fp8_share_amax(self, xp: Any, share: stats.SliceShare, dtype: torch.dtype,
+                        device: torch.device) -> torch.Tensor:
+        """One slice's finite amax, 0 for none (or when it fails: this rank must still exchange)."""
+        if share.values is not None:
+            try:
+                return stats.fp8_amax(xp, share.values, dtype)
+            except Exception as exc:
+                log.debug("grad_probe: FP8 amax of a slice failed: %r", exc)
+        return torch.zeros((), dtype=dtype, device=device)
+
+    def _fp8_share_counts(self, xp: Any, share: stats.SliceShare, amax: torch.Tensor, dtype: torch.dtype,
+                          device: torch.device) -> torch.Tensor:
+        """One slice's FP8 counts at the full gradient's amax: zeros for a slice another rank counts,
+        NaN when counting fails (the exchange goes on; the reduced cell reads nan)."""
+        width = len(stats.FP8_HEALTH_FIGURES) * len(self.fp8_formats)
+        if share.values is None:
+            return torch.zeros(width, dtype=dtype, device=device)
+        try:
+            return stats.fp8_counts(xp, share.values, amax, self.fp8_formats, dtype)
+        except Exception as exc:
+            log.debug("grad_probe: FP8 counts of a slice failed: %r", exc)
+            return torch.full((width,), math.nan, dtype=dtype, device=device)
 
     def _resolve_rank(self) -> int:
         return int(self.backend.rank())

@@ -116,6 +116,23 @@ class BackendDefaults:
         a call on the framework's ordinary tensors."""
         return None
 
+    def fp8_inputs(self, args: tuple, kwargs: dict) -> list[Any]:
+        """The call's inputs in an 8-bit float format with their range figures
+        (probes/backends/torch_fp8.py Fp8Input); a framework without FP8 tensors has none."""
+        return []
+
+    def is_scaled_fp8(self, t: Any) -> bool:
+        """A tensor that holds FP8 data and its scale (torchao's): improve_precision dequantises it."""
+        return False
+
+    def note_fp8_cast(self, args: tuple, kwargs: dict, out: Any) -> None:
+        """Remember the range use of a cast to FP8 for the matmuls that read its result."""
+
+    def fp8_reference(self, qualname: str) -> Callable[..., Any] | None:
+        """improve_precision's re-run of an API whose inputs are FP8 data and scales (no
+        float32 kernel to raise them to), or None."""
+        return None
+
     def copies_too_large(self, *trees: Any) -> str | None:
         """Why a re-run with copies of these tensors would not fit in the memory left, or None."""
         return None

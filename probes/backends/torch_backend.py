@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from probes.backends import torch_autodiff, torch_dtensor, torch_leaves, torch_memory, torch_xp
+from probes.backends import torch_autodiff, torch_dtensor, torch_fp8, torch_leaves, torch_memory, torch_xp
 from probes.backends.base import BackendDefaults
 from probes.core import metrics
 from probes.core.trees import iter_leaves
@@ -86,10 +86,15 @@ class TorchBackend(BackendDefaults):
 
     def raise_precision(self, x: Any, source: str, on_cpu: bool = False) -> Any:
         """improve_precision's raise of one argument leaf, or None when it stays as it is.
-        source "half": fp16/bf16/fp8 tensors and dtype arguments become float32; "float32":
+        source "fp8": a torchao FP8 tensor among the inputs, dequantised with every other
+        floating input in float64; "half": fp16/bf16/fp8 tensors and dtype arguments become float32; "float32":
         float32 tensors and every narrower dtype argument become float64 (`on_cpu`: copied to
         the CPU first, for devices without float64). Raising `dtype=` with the tensors keeps
         calls like vector_norm(x, dtype=torch.bfloat16) checkable."""
+        if source == "fp8":  # an FP8 (torchao) call: everything in float64 (torch_fp8.raised)
+            if isinstance(x, torch.dtype) and x.is_floating_point:
+                return torch.float64
+            return torch_fp8.raised(x)
         if isinstance(x, torch.Tensor):
             if x.is_complex():  # complex32 -> complex64 (half), complex64 -> complex128 (float32)
                 wider = _WIDER_COMPLEX.get((source, x.dtype))
@@ -127,6 +132,18 @@ class TorchBackend(BackendDefaults):
 
     def backward_reason(self, args: tuple, kwargs: dict) -> str | None:
         return torch_leaves.backward_reason(args, kwargs)
+
+    def fp8_inputs(self, args: tuple, kwargs: dict) -> list[Any]:
+        return torch_fp8.fp8_inputs(args, kwargs)
+
+    def is_scaled_fp8(self, t: Any) -> bool:
+        return torch_fp8.is_training_fp8(t)
+
+    def note_fp8_cast(self, args: tuple, kwargs: dict, out: Any) -> None:
+        torch_fp8.note_cast(args, kwargs, out)
+
+    def fp8_reference(self, qualname: str) -> Any:
+        return torch_fp8.scaled_mm_reference if qualname == "_scaled_mm" else None
 
     def local_call(self, args: tuple, kwargs: dict) -> Any:
         return torch_dtensor.local_call(args, kwargs)
@@ -189,6 +206,9 @@ class TorchBackend(BackendDefaults):
         return t.detach().clone()
 
     def to_cpu_float(self, t: Any) -> Any:
+        deq = torch_fp8.dequantised(t)  # an FP8 (torchao) tensor: the values it stands for
+        if deq is not None:
+            return deq.to("cpu")
         if isinstance(t, torch.Tensor):
             t = t.detach().to("cpu")
             return t.to(torch.float32) if t.dtype in _LOW_PRECISION else t

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from probes.backends import torch_dtensor
+from probes.backends import torch_dtensor, torch_fp8
 from probes.core.errors import NotMeasurable
 
 _functorch = torch._C._functorch
@@ -115,8 +115,8 @@ def input_reason(t: torch.Tensor) -> str | None:
         return NO_VALUES.format(what="meta") if t.device.type == "meta" else None
     if "FakeTensor" in kind.__name__:
         return NO_VALUES.format(what=kind.__name__)
-    if _known_subclass(t):
-        return None
+    if _known_subclass(t) or torch_fp8.is_training_fp8(t):
+        return None  # an FP8 tensor: re-run on its dequantised values (torch_fp8)
     if torch_dtensor.handled(kind):
         return None  # DTensor, a collective's result: re-run on the local tensors when torch_dtensor finds it safe
     return SUBCLASS.format(what=kind.__name__)
@@ -148,11 +148,17 @@ def backward_reason(args: tuple, kwargs: dict) -> str | None:
         for x in (*args, *kwargs.values()):
             if isinstance(x, torch.Tensor) and x.layout not in (torch.strided, torch.jagged):
                 return SPARSE_BACKWARD
+            if torch_fp8.is_training_fp8(x):
+                return FP8_BACKWARD
     except Exception as exc:
         return INSPECT_FAILED.format(what=type(exc).__name__)
     return None
 
 
+FP8_BACKWARD = ("an FP8 (torchao) input: the backward stage's vector-Jacobian products would run through the "
+                "subclass's FP8 casts, not judged yet (the forward stage judges FP8 calls)")
+FP8_EDIT = ("an FP8 (torchao) input: the noise modes do not perturb in the FP8 grid yet "
+            "(improve_precision and no_change judge FP8 calls)")
 INSPECT_FAILED = "its inputs could not be inspected ({what}); the call ran unchanged"
 
 
@@ -228,6 +234,8 @@ def value_parts(t: torch.Tensor) -> tuple[torch.Tensor, Callable[[torch.Tensor],
     if t.is_nested and t.layout == torch.jagged:
         offsets, lengths = t.offsets(), t.lengths()
         return t.values(), lambda v: torch.nested.nested_tensor_from_jagged(v, offsets=offsets, lengths=lengths)
+    if torch_fp8.is_training_fp8(t):
+        return FP8_EDIT
     if _is_masked(t):
         from torch.masked import masked_tensor
 

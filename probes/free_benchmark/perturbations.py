@@ -129,6 +129,8 @@ class Perturbation:
 class ImprovePrecision(Perturbation):
     """The same call one precision step up, as the reference to judge the original by.
 
+    - An FP8 tensor with its scale (torchao's training tensors): dequantised, and every float
+      input with it, in float64 (the backend's raise_precision "fp8").
     - Any fp16/bf16/fp8 input: every such tensor (and `dtype=` argument) raised to float32,
       float32 inputs left as they are (msprobe's improve_precision).
     - Otherwise, with `raise_float32` (the scaled rule): float32 tensors and dtype arguments
@@ -146,6 +148,11 @@ class ImprovePrecision(Perturbation):
         leaves = [leaf for _where, _path, leaf in _float_leaves(b, args, kwargs)]
         if not leaves:
             return Cancelled("no floating-point tensor among the inputs")
+        if any(b.is_scaled_fp8(t) for t in leaves):
+            # FP8 data and its scale (torchao): the product of the dequantised values in float64,
+            # the reference of the very FP8 operands the kernel multiplied (torch_fp8)
+            new_args, new_kwargs = (tree_map(lambda x: b.raise_precision(x, "fp8"), t) for t in (args, kwargs))
+            return PerturbedCall(tuple(new_args), _no_inplace(dict(new_kwargs)))
         if any(b.is_low_precision(t) for t in leaves):
             source = "half"
         elif self.raise_float32 and any(b.dtype_name(b.real_view(t)) == "float32" for t in leaves):

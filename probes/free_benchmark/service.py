@@ -39,13 +39,17 @@ from probes.free_benchmark.compare import (
     drive,
 )
 from probes.free_benchmark.deferred import VerdictQueue, held_bytes
-from probes.free_benchmark.perturbations import Cancelled, Perturbation, make_perturbation
+from probes.free_benchmark.fp8 import with_range_use, worst_range_use
+from probes.free_benchmark.perturbations import Cancelled, Perturbation, PerturbedCall, make_perturbation
 from probes.free_benchmark.preheat import CENSUS, Preheat
 
 log = logging.getLogger("probes.free_benchmark")
 _CALL_INDEX = re.compile(r"\.\d+$")
 
 CSV_NAME = "free_benchmark.csv"
+# the excluded casts whose FP8 results get their range use recorded (the values before the cast
+# are only at hand there)
+FP8_CASTS = frozenset({"Tensor.to"})
 PREHEAT_CENSUS = "preheat's first step: the call is counted to plan the samples, not judged"
 # the modes whose re-run changes the dtype or the device: a compiled graph re-runs its eager program
 REFERENCE_MODES = ("improve_precision", "to_cpu")
@@ -74,9 +78,11 @@ class ApiStats:
     # the largest error / threshold of any checked call, flagged or not (1 = at the threshold):
     # how close a clean API came
     worst_score: float | None = None
+    fp8: dict[str, Any] | None = None  # its FP8 inputs' range use (free_benchmark/fp8.py), worst seen
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        extra = {} if self.fp8 is None else {"fp8": self.fp8}
+        return extra | {
             "calls": self.calls, "checked": self.checked, "flagged": self.flagged, "fixed": self.fixed,
             "worst_max_rel": self.worst_max_rel, "threshold": self.threshold, "worst_score": self.worst_score,
             "first_flagged": self.first_flagged, "dtypes": sorted(self.dtypes),
@@ -262,7 +268,16 @@ class FreeBenchmarkProbe:
             return original(*args, **kwargs)
         if meta.exclusion is not None:
             self._skip(key, meta.exclusion)
-            return original(*args, **kwargs)
+            if key not in FP8_CASTS:
+                return original(*args, **kwargs)
+            out = original(*args, **kwargs)
+            try:  # a cast to FP8: its range use, for the matmuls that read it (free_benchmark/fp8.py)
+                self.backend.note_fp8_cast(args, kwargs, out)
+            except Exception as exc:
+                if self.config.strict:
+                    raise
+                self._error(key, f"{key} (FP8 range use)", exc)
+            return out
         index = self.counters[key]
         self.counters[key] = index + 1
         why = self.call_exclusion(meta, args, kwargs)
@@ -329,11 +344,16 @@ class FreeBenchmarkProbe:
             return
         if meta.mutates_inputs:
             args, kwargs = tree_map(_cloner(b), args), tree_map(_cloner(b), kwargs)
-        pert = self.perturbation.build(args, kwargs)
+        fp8_reference = (b.fp8_reference(meta.qualname) if self.fb.pert_mode == "improve_precision"
+                         and meta.prefix == "Torch" else None)
+        if fp8_reference is not None:  # FP8 operands and scales: their float64 product (torch_fp8)
+            pert: Any = PerturbedCall(args, kwargs)
+        else:
+            pert = self.perturbation.build(args, kwargs)
         if isinstance(pert, Cancelled):
             self._skip(meta.key, pert.reason)
             return
-        rerun = self.rerun_of(meta, original, pert.on_cpu)
+        rerun = fp8_reference or self.rerun_of(meta, original, pert.on_cpu)
         if isinstance(rerun, str):
             self._skip(meta.key, rerun)
             return
@@ -344,6 +364,9 @@ class FreeBenchmarkProbe:
         try:
             with b.no_grad():
                 pert_out = rerun(*pert.args, **pert.kwargs)
+        except NotMeasurable as exc:  # a reference that does not model this call (a layout of scales)
+            self._skip(meta.key, str(exc))
+            return
         except Exception as exc:
             why = None if local is None else local.rerun_failed(exc)
             if why is None:  # a re-run through DTensor that communicated is an error, never a skip
@@ -394,6 +417,9 @@ class FreeBenchmarkProbe:
             check = comparison(b, out, pert_out, pert_mode=self.fb.pert_mode, rule=self.fb.rule, input_move=move,
                                pointwise=getattr(meta, "pointwise", False),
                                version=b.autodiff.version if deferred else None, exact=meta.review is not None)
+            fp8_inputs = b.fp8_inputs(args, kwargs)
+            if fp8_inputs:  # the range their casts used, judged beside the output (free_benchmark/fp8.py)
+                check = with_range_use(check, fp8_inputs)
             if deferred:
                 step, key = self.current_step, meta.key
                 self.verdicts.add(check, lambda verdicts: self._record(key, name, stats, verdicts, step),
@@ -506,6 +532,8 @@ class FreeBenchmarkProbe:
         bad = [v for v in verdicts if not v.consistent]
         for v in verdicts:
             stats.dtypes.add(v.dtype_repr)
+            if v.detail.get("rule") == "fp8_range":
+                stats.fp8 = worst_range_use(stats.fp8, v.detail)
         if not bad:
             return
         if preheat:

@@ -121,9 +121,15 @@ def _classify(meta: ApiMeta) -> None:
         meta.inplace_pos = _inplace_position(meta.original)
 
 
+# private torch functions that are a user's math all the same: the FP8 matmul, called directly by
+# FP8 training code (torchao calls it inside its subclass's dispatch, where it is not hooked)
+_PRIVATE_MATH = ("_scaled_mm",)
+
+
 def _torch_names() -> list[str]:
     names = {n for n in dir(torch._C._VariableFunctions) if not n.startswith("_")}
     names.update(n for n in getattr(torch.functional, "__all__", []) if not n.startswith("_"))
+    names.update(_PRIVATE_MATH)
     return sorted(n for n in names if n in torch.__dict__)
 
 

@@ -16,7 +16,9 @@ seen at the cast, where the values before it are at hand: a ``Tensor.to`` to an 
 (torchao's cast, inside its autograd function, is one) records `probes.core.fp8`'s range use of
 its input (saturated, underflowed, flushed) and the cast's own error (2-norm of the dequantised
 minus the pre-cast values, relative), as one device array kept against the FP8 result, weakly:
-the figures live as long as the FP8 tensor does, the pre-cast values are not kept. The matmul
+the figures live as long as the FP8 tensor does, the pre-cast values are not kept. torchao clamps
+before casting (a saturated cast), so the values the cast sees never exceed the largest one: the
+elements exactly *at* it beyond the first (the amax itself lands there) count as saturated. The matmul
 then reports the figures of each FP8 input it was given. For FP8 data the probe did not see cast
 only the underflow is known (a saturated or a flushed value cannot be told from one that was
 448 or 0 before the cast).
@@ -32,7 +34,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from probes.core import fp8
 from probes.core.errors import NotMeasurable
-from probes.core.thresholds import FLOAT8_DTYPES
+from probes.core.thresholds import FLOAT8_DTYPES, LARGEST_FINITE
 
 FP8_TORCH_DTYPES = {getattr(torch, n): n for n in FLOAT8_DTYPES if hasattr(torch, n)}
 # [saturated, underflowed, flushed, elements, |deq - x|^2, |x|^2] of the cast's input
@@ -82,10 +84,14 @@ def dequantised(t: Any) -> Any:
     return data.double() / scale.double()
 
 
-def _figures(values: torch.Tensor, data: torch.Tensor, inverse_scale: Any, name: str) -> torch.Tensor:
+def _figures(values: torch.Tensor, data: torch.Tensor, inverse_scale: Any, name: str,
+             clipped: bool = False) -> torch.Tensor:
     xp = _xp()
     use = fp8.range_use_figures(xp, values, name)
     v = values.double()
+    if clipped:  # clamped before the cast: what saturated sits on the largest value, but the amax's own element
+        at_top = (v.abs() == LARGEST_FINITE[name]).sum().double()
+        use = use + torch.stack([(at_top - 1.0).clamp(min=0.0), *(at_top * 0.0,) * (fp8.RANGE_COUNT - 1)])
     deq = data.double() if inverse_scale is None else data.double() * inverse_scale
     err = (deq.reshape(-1) - v.reshape(-1)).square().sum()
     return torch.cat([use, torch.stack([err, v.square().sum()])])
@@ -108,7 +114,7 @@ def note_cast(args: tuple, kwargs: dict, out: Any) -> None:
     if not src.is_floating_point() or src.numel() == 0 or src.shape != out.shape:
         return
     with torch.no_grad():
-        _SEEN[out] = _figures(src.detach(), out, None, name)
+        _SEEN[out] = _figures(src.detach(), out, None, name, clipped=True)
 
 
 def fp8_inputs(args: tuple, kwargs: dict) -> list[Fp8Input]:

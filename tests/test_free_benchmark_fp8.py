@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from seeded_fp8 import narrow_scaled_mm_kernel
 
 from probes.pytorch import PrecisionDebugger
 
@@ -140,27 +141,10 @@ def test_a_correct_scale_is_quiet_and_the_product_matches_float64(tmp_path):
     assert s["apis"]["Torch.mm"]["checked"] == 1
 
 
-def bf16_accumulating_scaled_mm(self, mat2, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None,
-                                use_fast_accum=False):
-    """The seeded defect: dequantise into bfloat16 and keep the running sum in bfloat16."""
-    x = self.to(torch.bfloat16) * scale_a.to(torch.bfloat16)
-    y = mat2.to(torch.bfloat16) * scale_b.to(torch.bfloat16)
-    acc = torch.zeros(x.shape[0], y.shape[1], dtype=torch.bfloat16)
-    for i in range(x.shape[1]):
-        acc = acc + x[:, i : i + 1] * y[i : i + 1, :]
-    if bias is not None:
-        acc = acc + bias.to(torch.bfloat16)
-    return acc.to(out_dtype or self.dtype)
-
-
 @pytest.fixture
 def narrow_scaled_mm():
-    lib = torch.library.Library("aten", "IMPL")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "overriding a previously registered kernel"
-        lib.impl("_scaled_mm", bf16_accumulating_scaled_mm, "CPU")
-    yield
-    lib._destroy()
+    with narrow_scaled_mm_kernel():
+        yield
 
 
 def test_a_scaled_mm_that_accumulates_in_bf16_is_flagged_through_torchao(tmp_path, narrow_scaled_mm):

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from seeded_fp8 import narrow_scaled_mm_kernel
 
 from probes.core.thresholds import DISPATCH_SCALED_THRESHOLD, MACHINE_EPS
 from probes.online_dispatch import skip_list
@@ -51,29 +52,10 @@ def rowwise_scales(m: int, n: int, seed: int = 1) -> tuple[torch.Tensor, torch.T
     return torch.rand(m, 1, generator=gen) + 0.5, torch.rand(1, n, generator=gen) + 0.5
 
 
-def bf16_accumulating_scaled_mm(self, mat2, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None,
-                                use_fast_accum=False):
-    """The seeded defect: dequantise into bfloat16 and keep the running sum in bfloat16 (a kernel
-    whose accumulator is too narrow), one rounding per term."""
-    x = self.to(torch.bfloat16) * scale_a.to(torch.bfloat16)
-    y = mat2.to(torch.bfloat16) * scale_b.to(torch.bfloat16)
-    acc = torch.zeros(x.shape[0], y.shape[1], dtype=torch.bfloat16)
-    for i in range(x.shape[1]):
-        acc = acc + x[:, i : i + 1] * y[i : i + 1, :]
-    if bias is not None:
-        acc = acc + bias.to(torch.bfloat16)
-    return acc.to(out_dtype or self.dtype)
-
-
 @pytest.fixture
 def narrow_scaled_mm():
-    """aten._scaled_mm's CPU kernel replaced by the seeded one until the test ends."""
-    lib = torch.library.Library("aten", "IMPL")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "overriding a previously registered kernel"
-        lib.impl("_scaled_mm", bf16_accumulating_scaled_mm, "CPU")
-    yield
-    lib._destroy()
+    with narrow_scaled_mm_kernel():
+        yield
 
 
 CASES = {

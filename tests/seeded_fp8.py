@@ -1,11 +1,13 @@
-"""The seeded FP8 defect both tools must catch: a `_scaled_mm` kernel whose accumulator is too
-narrow (it dequantises into bfloat16 and keeps the running sum in bfloat16, one rounding per term)."""
+"""The FP8 programs of the tools' tests: a small torchao Float8Linear MLP and its batches, and the
+seeded defect both tools must catch, a `_scaled_mm` kernel whose accumulator is too narrow (it
+dequantises into bfloat16 and keeps the running sum in bfloat16, one rounding per term)."""
 
 from __future__ import annotations
 
 import contextlib
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -33,3 +35,21 @@ def narrow_scaled_mm_kernel() -> Iterator[None]:
         yield
     finally:
         lib._destroy()
+
+
+def float8_mlp(seed: int = 0) -> torch.nn.Module:
+    """A bf16 MLP converted by torchao to Float8Linear layers (runs on the CPU through _scaled_mm)."""
+    from torchao.float8 import convert_to_float8_training
+
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128, bias=False), torch.nn.GELU(),
+                                torch.nn.Linear(128, 32, bias=False)).to(torch.bfloat16)
+    return convert_to_float8_training(model)
+
+
+def fp8_batches(steps: int) -> Iterator[tuple[Any, Any]]:
+    """The (inputs, targets) of each training step, the same in every run."""
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(steps):
+        x = torch.randn(16, 64, generator=gen).to(torch.bfloat16)
+        yield x, torch.randn(16, 32, generator=gen).to(torch.bfloat16)

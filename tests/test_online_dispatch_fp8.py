@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from seeded_fp8 import narrow_scaled_mm_kernel
+from seeded_fp8 import float8_mlp, fp8_batches, narrow_scaled_mm_kernel
 
 from probes.core.thresholds import DISPATCH_SCALED_THRESHOLD, MACHINE_EPS
 from probes.online_dispatch import skip_list
@@ -159,22 +159,10 @@ def _torchao_available() -> bool:
     return importlib.util.find_spec("torchao") is not None
 
 
-def float8_mlp(seed: int = 0) -> torch.nn.Module:
-    from torchao.float8 import convert_to_float8_training
-
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 128, bias=False), torch.nn.GELU(),
-                                torch.nn.Linear(128, 32, bias=False)).to(torch.bfloat16)
-    return convert_to_float8_training(model)
-
-
 def train(model: torch.nn.Module, steps: int, disp: PtdbgDispatch | None) -> list[float]:
-    gen = torch.Generator().manual_seed(5)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     losses = []
-    for _ in range(steps):
-        x = torch.randn(16, 64, generator=gen).to(torch.bfloat16)
-        target = torch.randn(16, 32, generator=gen).to(torch.bfloat16)
+    for x, target in fp8_batches(steps):
         opt.zero_grad(set_to_none=True)
         if disp is None:
             loss = (model(x).float() - target.float()).pow(2).mean()

@@ -17,12 +17,13 @@ rank takes alone. torch.distributed is imported only when a DTensor is seen.
 
 from __future__ import annotations
 
-import sys
 import weakref
 from collections.abc import Sequence
 from typing import Any, NamedTuple, Protocol
 
 import torch
+
+from probes.backends.torch_dtensor import dtensor_class
 
 __all__ = ["DTENSOR_PARAMS", "PartitionedParams", "Slice", "describe", "groups_of", "is_sharded", "reduce_figures"]
 
@@ -76,12 +77,9 @@ DTENSOR_PARAMS: PartitionedParams = _DTensorParams()
 
 
 def is_sharded(t: Any) -> bool:
-    """Whether ``t`` is a DTensor (cheap: no import of torch.distributed unless it is loaded)."""
-    if "torch.distributed.tensor" not in sys.modules:
-        return False
-    from torch.distributed.tensor import DTensor
-
-    return isinstance(t, DTensor)
+    """Whether ``t`` is a DTensor (cheap: torch.distributed is never imported for it)."""
+    dtensor = dtensor_class()
+    return dtensor is not None and isinstance(t, dtensor)
 
 
 def describe(t: Any) -> Slice:
@@ -185,13 +183,15 @@ def _contiguous_index(shape: tuple[int, ...], mesh: Any, placements: Sequence[An
     return tuple(range(o, o + n) for o, n in zip(offset, local))
 
 
-def reduce_figures(sums: torch.Tensor, extremes: torch.Tensor, groups: Sequence[Any]) -> None:
-    """All-reduce, in place, the summable figures (sum) and the extremes (max) of a step's
-    sharded tensors over ``groups`` in turn: two small all-reduces per group, issued together."""
+def reduce_figures(sums: torch.Tensor, extremes: torch.Tensor | None, groups: Sequence[Any]) -> None:
+    """All-reduce, in place, the summable figures (sum) and the extremes (max, when given) of a
+    step's sharded tensors over ``groups`` in turn: one or two small all-reduces per group, issued
+    together."""
     import torch.distributed as dist
 
     for group in groups:
-        pending = [dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=group, async_op=True),
-                   dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=group, async_op=True)]
+        pending = [dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=group, async_op=True)]
+        if extremes is not None:
+            pending.append(dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=group, async_op=True))
         for work in pending:
             work.wait()

@@ -207,18 +207,18 @@ def shard_figures(xp: Any, shares: Sequence[SliceShare], bounds: Sequence[Bound]
     sums, extremes = [], []
     for group in live.values():
         gs = [shares[i].values for i in group]
+        flats = None if batched is not None and not histogram else [
+            xp.astype(xp.reshape(g, (-1,)), dtype) for g in gs]
         if batched is not None:
             ext = batched.extrema(gs, dtype)
             sq = batched.norms(gs, dtype)
             sq = sq * sq
         else:
-            flats = [xp.astype(xp.reshape(g, (-1,)), dtype) for g in gs]
             ext = xp.stack([xp.stack([xp.max(f), xp.min(f)]) for f in flats], axis=1)
             sq = xp.stack([xp.sum(f * f) for f in flats])
         extremes.append(xp.stack([ext[0], -ext[1]]))
         rows = [xp.reshape(sq, (1, -1))]
-        if histogram:
-            flats = [xp.astype(xp.reshape(g, (-1,)), dtype) for g in gs]
+        if histogram:  # the float copies above, taken once
             counts = [xp.stack([xp.astype(xp.count_nonzero(f <= b), dtype) for b in bounds]
                                + [xp.astype(xp.count_nonzero(f == 0), dtype)]) for f in flats]
             rows.append(xp.stack(counts, axis=1))

@@ -379,7 +379,7 @@ class GradMonitor(MonitorBase):
         if fp8:  # each rank counts its slices at the full amax's scale; a second exchange sums them
             counts = torch.stack([self._fp8_share_counts(xp, share, maxed[2, i], dtype, device)
                                   for i, share in enumerate(shares)], dim=1)
-            torch_shards.reduce_figures(counts, torch.zeros(1, dtype=dtype, device=device), groups)
+            torch_shards.reduce_figures(counts, None, groups)
             fp8_rows = [counts / torch.clamp(summed[1], min=1.0)]
         elif self.fp8_formats:
             fp8_rows = [self._fp8_rows(xp, [], dtype, device, len(members))]

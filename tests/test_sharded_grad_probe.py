@@ -311,3 +311,13 @@ def test_the_step_filter_under_fsdp(runs, tmp_path):
     for rank in (0, 1):
         assert sorted(p.name for p in (tmp_path / f"rank{rank}").glob("grad_summary_*.csv")) == ["grad_summary_1.csv"]
         assert _rows(tmp_path, rank, 1) == _rows(runs["fsdp"][0], rank, 1)
+
+
+def test_wrapper_prefixes_are_matched_as_whole_module_names_only():
+    from probes.grad_probe.comparator import _wrapper_aliases
+
+    a = ["l1.weight", "submodule.w", "head.bias"]
+    b = ["module.l1.weight", "module.submodule.w", "_orig_mod.module.head.bias"]
+    assert _wrapper_aliases(a, b) == dict(zip(b, a))
+    assert _wrapper_aliases(["subw"], ["module.submodule.w"]) == {}  # "submodule" is not a wrapper
+    assert _wrapper_aliases(["w", "module.w"], ["module.module.w"]) == {}  # no rename without a one-to-one match

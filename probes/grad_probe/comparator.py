@@ -348,12 +348,14 @@ def _npy_files(step_dir: Path | None) -> dict[str, Path]:
 
 #: module names that wrappers put in front of a model's own parameter names
 WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
+_WRAPPER_PARTS = frozenset(p.rstrip(".") for p in WRAPPER_PREFIXES)
 
 
 def _unwrapped(name: str) -> str:
-    for prefix in WRAPPER_PREFIXES:
-        name = name.replace(prefix, "") if name.startswith(prefix) or f".{prefix}" in name else name
-    return name
+    """The name without wrapper components (``module.l1.weight`` -> ``l1.weight``; a component
+    that merely contains one, ``submodule``, stays)."""
+    *modules, leaf = name.split(".")
+    return ".".join([p for p in modules if p not in _WRAPPER_PARTS] + [leaf])
 
 
 def _wrapper_aliases(names_a: list[str], names_b: list[str]) -> dict[str, str]:

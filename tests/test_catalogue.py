@@ -204,13 +204,13 @@ def test_catalogue_on_the_simulated_npu_catches_a_fused_operator_defect(pytester
     pytester.makeini("[pytest]\n")
     args = ("--msprobe-simulated-npu", "--msprobe-device=npu")
     regen = _run(pytester, *args, "--msprobe-regen-golden", source="npu")
-    regen.assert_outcomes(passed=9)
+    regen.assert_outcomes(passed=12)  # 4 fused operators x 3 dtypes
     npu_golden = pytester.path / "golden" / "catalogue" / "npu" / "simulated-npu-cpu-backed"
     assert (npu_golden / "catalogue.csv").is_file()
     assert json.loads((npu_golden / "meta.json").read_text())["hardware"]["soc"] == "Simulated NPU (CPU-backed)"
-    _run(pytester, *args, source="npu").assert_outcomes(passed=9)
+    _run(pytester, *args, source="npu").assert_outcomes(passed=12)
     seeded = _run(pytester, *args, "--msprobe-simulated-npu-defect", "npu_rms_norm=reduced_precision", source="npu")
-    seeded.assert_outcomes(passed=6, failed=3)
+    seeded.assert_outcomes(passed=9, failed=3)
     rows = _csv(pytester)
     assert {r["device"] for r in rows} == {"npu"}
     assert {r["api"] for r in rows if r["status"] == gate.REGRESSED} == {"NPU.npu_rms_norm"}

@@ -23,6 +23,11 @@ class Autodiff(Protocol):
         """True when a gradient can flow to (input) or from (output) this tensor."""
         ...
 
+    def in_backward_pass(self) -> bool:
+        """True while a backward pass runs the current call (a framework that cannot tell may
+        leave it out: its backward passes are then never seen)."""
+        ...
+
     def save_input(self, t: Any, copy: bool) -> Any:
         """The input as kept until the backward pass: on its device, detached, shared storage
         unless `copy` (the API mutates its inputs)."""
@@ -128,7 +133,7 @@ class BackendDefaults:
     def note_fp8_cast(self, args: tuple, kwargs: dict, out: Any) -> None:
         """Remember the range use of a cast to FP8 for the matmuls that read its result."""
 
-    def fp8_reference(self, qualname: str) -> Callable[..., Any] | None:
+    def fp8_reference(self, qualname: str, prefix: str = "Torch") -> Callable[..., Any] | None:
         """improve_precision's re-run of an API whose inputs are FP8 data and scales (no
         float32 kernel to raise them to), or None."""
         return None

@@ -92,11 +92,36 @@ def npu_fusion_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
             out.new_zeros(0), 0, 0, 0)
 
 
+def npu_quant_matmul(x1: torch.Tensor, x2: torch.Tensor, scale: torch.Tensor, *, offset: Any = None,
+                     pertoken_scale: Any = None, bias: Any = None, output_dtype: Any = None) -> torch.Tensor:
+    """(x1 @ x2) * scale [* pertoken_scale, one per row of x1] [+ bias] in float64, whatever the
+    inputs' dtype: FP8 operands (or their exact float32/float64 copies) multiply exactly there and
+    the sum's rounding is far below any output dtype's, so this is the value a correct kernel
+    rounds once to ``output_dtype``; it is returned unrounded, as the reference of ``_scaled_mm`` is.
+
+    ``scale`` is torch_npu's dequantisation scale, (1,) or one per column of x2, and a
+    floating-point bias is added after it, as torch_npu documents for float scales. Not modelled
+    (the call is then skipped with this reason): ``offset`` (the int8-output path), int64 scales
+    from npu_trans_quant_param, and int32 bias, which is added before scaling."""
+    if offset is not None or scale.dtype in (torch.int64, torch.uint64):
+        raise NotImplementedError("npu_quant_matmul reference: offset and int64 (npu_trans_quant_param) scales "
+                                  "are not modelled")
+    if bias is not None and not bias.dtype.is_floating_point:
+        raise NotImplementedError("npu_quant_matmul reference: an integer bias (added before scaling) is not modelled")
+    out = torch.matmul(x1.to(torch.float64), x2.to(torch.float64)) * scale.to(torch.float64)
+    if pertoken_scale is not None:
+        out = out * pertoken_scale.to(torch.float64).unsqueeze(-1)
+    if bias is not None:
+        out = out + bias.to(torch.float64)
+    return out
+
+
 _REFERENCES: dict[str, Callable[..., Any]] = {
     "npu_fusion_attention": npu_fusion_attention,
     "npu_rms_norm": npu_rms_norm,
     "npu_swiglu": npu_swiglu,
     "npu_rotary_mul": npu_rotary_mul,
+    "npu_quant_matmul": npu_quant_matmul,
 }
 
 #: the fused operators that have a CPU reference here

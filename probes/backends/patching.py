@@ -142,6 +142,18 @@ class suspended:
         _TLS.depth = self._saved
 
 
+class resumed:
+    """Inside a hooked call's original, let the enclosed code's calls reach the handler again as
+    outermost calls (the backward stage, for the FP8 matmuls of a pass that Tensor.backward runs)."""
+
+    def __enter__(self) -> None:
+        self._saved = _TLS.depth
+        _TLS.depth = 0
+
+    def __exit__(self, *exc: Any) -> None:
+        _TLS.depth = self._saved
+
+
 class ApiPatcher:
     """Installs wrappers for a set of APIs and restores the originals, even after errors."""
 

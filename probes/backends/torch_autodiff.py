@@ -28,6 +28,12 @@ def recording() -> bool:
     return torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
 
 
+def in_backward_pass() -> bool:
+    """True while the autograd engine runs a backward pass on this thread (an autograd Function's
+    backward, a hook)."""
+    return torch._C._current_graph_task_id() != -1
+
+
 def requires_grad(t: Any) -> bool:
     return isinstance(t, torch.Tensor) and t.requires_grad
 

@@ -23,7 +23,9 @@ _DTYPE_NAMES = {
     torch.float32: "float32",
     torch.float64: "float64",
 }
-_INT_VIEW = {"float16": torch.int16, "bfloat16": torch.int16, "float32": torch.int32, "float64": torch.int64}
+_INT_VIEW = {"float16": torch.int16, "bfloat16": torch.int16, "float32": torch.int32, "float64": torch.int64,
+             # FP8 bytes unsigned: the perturbations clear the sign bit to order them (perturbations.py)
+             **{name: torch.uint8 for name in torch_fp8.FP8_TORCH_DTYPES.values()}}
 # Every floating dtype narrower than float32 is raised to float32 by improve_precision (an
 # explicit table, not msprobe's "fp16/bf16 only", which left fp8 as it was or not by argument order).
 _LOW_PRECISION = {torch.float16, torch.bfloat16}
@@ -31,6 +33,9 @@ _WIDER_COMPLEX = {("half", torch.complex32): torch.complex64, ("float32", torch.
 # Devices whose kernels largely lack float64 (Ascend NPUs, Apple MPS): improve_precision's float64
 # re-run of a float32 call happens on the CPU there, with the inputs copied over.
 NO_FLOAT64_DEVICES = frozenset({"npu", "mps"})
+# (prefix, API) -> improve_precision's float64 re-run of an API that multiplies FP8 operands
+_FP8_REFERENCES = {("Torch", "_scaled_mm"): torch_fp8.scaled_mm_reference,
+                   ("NPU", "npu_quant_matmul"): torch_fp8.quant_matmul_reference}
 
 
 def widest_float(device: Any) -> torch.dtype:
@@ -134,16 +139,16 @@ class TorchBackend(BackendDefaults):
         return torch_leaves.backward_reason(args, kwargs)
 
     def fp8_inputs(self, args: tuple, kwargs: dict) -> list[Any]:
-        return torch_fp8.fp8_inputs(args, kwargs)
+        return torch_fp8.fp8_inputs(args, kwargs, widest_float)  # float32 figures where float64 is missing
 
     def is_scaled_fp8(self, t: Any) -> bool:
         return torch_fp8.is_training_fp8(t)
 
     def note_fp8_cast(self, args: tuple, kwargs: dict, out: Any) -> None:
-        torch_fp8.note_cast(args, kwargs, out)
+        torch_fp8.note_cast(args, kwargs, out, widest_float)
 
-    def fp8_reference(self, qualname: str) -> Any:
-        return torch_fp8.scaled_mm_reference if qualname == "_scaled_mm" else None
+    def fp8_reference(self, qualname: str, prefix: str = "Torch") -> Any:
+        return _FP8_REFERENCES.get((prefix, qualname))
 
     def local_call(self, args: tuple, kwargs: dict) -> Any:
         return torch_dtensor.local_call(args, kwargs)

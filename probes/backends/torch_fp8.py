@@ -27,7 +27,7 @@ only the underflow is known (a saturated or a flushed value cannot be told from 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
@@ -75,6 +75,33 @@ def is_training_fp8(t: Any) -> bool:
     return training_parts(t) is not None
 
 
+NOT_REBUILT = ("an FP8 input of tensor subclass {what} without __tensor_flatten__ / __tensor_unflatten__: "
+               "its perturbed data cannot be put back around its scale")
+
+
+def data_parts(t: Any) -> tuple[torch.Tensor, Any] | str:
+    """(FP8 data, rebuild) of a torchao-style FP8 tensor, for the noise modes: they edit the data
+    in its format's grid, and `rebuild` puts the edited data back with the very same scale and
+    metadata through the subclass's own ``__tensor_flatten__`` / ``__tensor_unflatten__`` (the
+    protocol torch.compile uses), so the re-run is the same FP8 kernel on the perturbed operand
+    and the probe still imports no torchao. A str: why the data cannot be edited."""
+    parts = training_parts(t)
+    flatten, unflatten = getattr(t, "__tensor_flatten__", None), getattr(type(t), "__tensor_unflatten__", None)
+    if parts is None or flatten is None or unflatten is None:
+        return NOT_REBUILT.format(what=type(t).__name__)
+    names, meta = flatten()
+    inner = {n: getattr(t, n) for n in names}
+    key = next((n for n, v in inner.items() if v is parts[0]), None)
+    if key is None:
+        return NOT_REBUILT.format(what=type(t).__name__)
+    size, stride = t.size(), t.stride()
+
+    def rebuild(data: torch.Tensor) -> Any:
+        return unflatten({**inner, key: data}, meta, size, stride)
+
+    return parts[0], rebuild
+
+
 def dequantised(t: Any) -> Any:
     """A torchao FP8 tensor as the float64 values it stands for (data / scale), else None."""
     parts = training_parts(t)
@@ -84,15 +111,15 @@ def dequantised(t: Any) -> Any:
     return data.double() / scale.double()
 
 
-def _figures(values: torch.Tensor, data: torch.Tensor, inverse_scale: Any, name: str,
+def _figures(values: torch.Tensor, data: torch.Tensor, inverse_scale: Any, name: str, wide: torch.dtype,
              clipped: bool = False) -> torch.Tensor:
     xp = _xp()
-    use = fp8.range_use_figures(xp, values, name)
-    v = values.double()
+    use = fp8.range_use_figures(xp, values, name, wide)
+    v = values.to(wide)
     if clipped:  # clamped before the cast: what saturated sits on the largest value, but the amax's own element
-        at_top = (v.abs() == LARGEST_FINITE[name]).sum().double()
+        at_top = (v.abs() == LARGEST_FINITE[name]).sum().to(wide)
         use = use + torch.stack([(at_top - 1.0).clamp(min=0.0), *(at_top * 0.0,) * (fp8.RANGE_COUNT - 1)])
-    deq = data.double() if inverse_scale is None else data.double() * inverse_scale
+    deq = data.to(wide) if inverse_scale is None else data.to(wide) * inverse_scale
     err = (deq.reshape(-1) - v.reshape(-1)).square().sum()
     return torch.cat([use, torch.stack([err, v.square().sum()])])
 
@@ -103,7 +130,7 @@ def _xp() -> Any:
     return xp_torch
 
 
-def note_cast(args: tuple, kwargs: dict, out: Any) -> None:
+def note_cast(args: tuple, kwargs: dict, out: Any, wide_of: Callable[[torch.device], torch.dtype]) -> None:
     """Keep the range use of a cast to FP8 against its result (module docstring). The values
     cast are the scaled ones (torchao multiplies before casting), so the cast's error is measured
     in the format's own units, where it is the same relative error as after dequantising."""
@@ -114,10 +141,10 @@ def note_cast(args: tuple, kwargs: dict, out: Any) -> None:
     if not src.is_floating_point() or src.numel() == 0 or src.shape != out.shape:
         return
     with torch.no_grad():
-        _SEEN[out] = _figures(src.detach(), out, None, name, clipped=True)
+        _SEEN[out] = _figures(src.detach(), out, None, name, wide_of(out.device), clipped=True)
 
 
-def fp8_inputs(args: tuple, kwargs: dict) -> list[Fp8Input]:
+def fp8_inputs(args: tuple, kwargs: dict, wide_of: Callable[[torch.device], torch.dtype]) -> list[Fp8Input]:
     """The call's FP8 inputs: torchao FP8 tensors and plain FP8 tensors, positional then keyword."""
     found = []
     for where, x in [(f"args[{i}]", a) for i, a in enumerate(args)] + [(k, v) for k, v in kwargs.items()]:
@@ -131,7 +158,7 @@ def fp8_inputs(args: tuple, kwargs: dict) -> list[Fp8Input]:
         before_cast = seen is not None
         if seen is None:
             with torch.no_grad():
-                seen = _figures(data, data, None, name)
+                seen = _figures(data, data, None, name, wide_of(data.device))
         found.append(Fp8Input(where, name, data, seen, before_cast))
     return found
 
@@ -147,12 +174,34 @@ def raised(x: Any) -> Any:
     return x
 
 
+def _on_host(tree: Any) -> Any:
+    """Device tensors copied to the CPU, where the float64 references run (an NPU has no float64)."""
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda x: x.detach().to("cpu") if isinstance(x, torch.Tensor) and x.device.type != "cpu" else x,
+                    tree)
+
+
 def scaled_mm_reference(*args: Any, **kwargs: Any) -> Any:
     """``torch._scaled_mm``'s improve_precision re-run: online_dispatch's float64 product of the
-    call's own FP8 operands and scales; a layout it does not model is a skip (NotMeasurable)."""
+    call's own FP8 operands and scales, on the CPU; a layout it does not model is a skip (NotMeasurable)."""
     from probes.online_dispatch.reference import NotCompared, scaled_mm
 
+    args, kwargs = _on_host((args, kwargs))
     out = scaled_mm(*args, **kwargs)
     if isinstance(out, NotCompared):
         raise NotMeasurable(f"torch._scaled_mm: {out.reason}")
     return out
+
+
+def quant_matmul_reference(*args: Any, **kwargs: Any) -> Any:
+    """torch_npu's ``npu_quant_matmul``'s improve_precision re-run: its float64 definition on the
+    CPU (probes/backends/npu_references.py); raising its FP8 operands to float32 would only
+    re-run a kernel that takes none. A call it does not model is a skip (NotMeasurable)."""
+    from probes.backends.npu_references import npu_quant_matmul
+
+    args, kwargs = _on_host((args, kwargs))
+    try:
+        return npu_quant_matmul(*args, **kwargs)
+    except NotImplementedError as exc:
+        raise NotMeasurable(str(exc)) from exc

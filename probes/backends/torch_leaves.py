@@ -20,6 +20,8 @@ torch operators read on the host later, so each of these needs a decision:
   transform and the transform sees none of the probe's operators;
 - nested, masked and sparse tensors are measured through their values (and their structure,
   compared exactly); the perturbations that edit elements edit the values and rebuild the tensor;
+  a torchao FP8 tensor is re-run as it is (improve_precision: dequantised), and edited through
+  its FP8 data, rebuilt around the same scale;
 - a `__torch_function__`-only subclass is measured through a plain view of its storage, so the
   user's subclass does not see the measure's operators.
 """
@@ -116,7 +118,7 @@ def input_reason(t: torch.Tensor) -> str | None:
     if "FakeTensor" in kind.__name__:
         return NO_VALUES.format(what=kind.__name__)
     if _known_subclass(t) or torch_fp8.is_training_fp8(t):
-        return None  # an FP8 tensor: re-run on its dequantised values (torch_fp8)
+        return None  # an FP8 tensor: re-run dequantised, or with its FP8 data perturbed (torch_fp8)
     if torch_dtensor.handled(kind):
         return None  # DTensor, a collective's result: re-run on the local tensors when torch_dtensor finds it safe
     return SUBCLASS.format(what=kind.__name__)
@@ -149,16 +151,22 @@ def backward_reason(args: tuple, kwargs: dict) -> str | None:
             if isinstance(x, torch.Tensor) and x.layout not in (torch.strided, torch.jagged):
                 return SPARSE_BACKWARD
             if torch_fp8.is_training_fp8(x):
-                return FP8_BACKWARD
+                return FP8_BACKWARD if torch.is_grad_enabled() else FP8_IN_FUNCTION
     except Exception as exc:
         return INSPECT_FAILED.format(what=type(exc).__name__)
     return None
 
 
-FP8_BACKWARD = ("an FP8 (torchao) input: the backward stage's vector-Jacobian products would run through the "
-                "subclass's FP8 casts, not judged yet (the forward stage judges FP8 calls)")
-FP8_EDIT = ("an FP8 (torchao) input: the noise modes do not perturb in the FP8 grid yet "
-            "(improve_precision and no_change judge FP8 calls)")
+# torchao differentiates its FP8 matmuls in its own autograd Function (Float8Linear's
+# matmul_with_hp_or_float8_args), whose forward runs them unrecorded and whose backward computes
+# the gradients with FP8 matmuls of its own, on the gradient cast to e5m2: those are the matmul's
+# vector-Jacobian product, and the backward stage judges them as calls of the backward pass
+FP8_IN_FUNCTION = ("an FP8 (torchao) call that an autograd Function's forward runs unrecorded: its "
+                   "vector-Jacobian product is that Function's backward, whose FP8 matmuls the backward stage "
+                   "judges as calls of the backward pass")
+FP8_BACKWARD = ("an FP8 (torchao) input of a recorded call: through the subclass its vector-Jacobian product "
+                "multiplies a plain gradient by an FP8 tensor, which torchao refuses (its autograd Function's "
+                "backward, judged as calls of the backward pass, is how FP8 matmuls are differentiated)")
 INSPECT_FAILED = "its inputs could not be inspected ({what}); the call ran unchanged"
 
 
@@ -234,8 +242,8 @@ def value_parts(t: torch.Tensor) -> tuple[torch.Tensor, Callable[[torch.Tensor],
     if t.is_nested and t.layout == torch.jagged:
         offsets, lengths = t.offsets(), t.lengths()
         return t.values(), lambda v: torch.nested.nested_tensor_from_jagged(v, offsets=offsets, lengths=lengths)
-    if torch_fp8.is_training_fp8(t):
-        return FP8_EDIT
+    if torch_fp8.is_training_fp8(t):  # its FP8 data, rebuilt around the same scale
+        return torch_fp8.data_parts(t)
     if _is_masked(t):
         from torch.masked import masked_tensor
 

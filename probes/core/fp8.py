@@ -48,17 +48,19 @@ def smallest_subnormal(dtype_name: str) -> float:
     return 2.0 ** (MIN_EXPONENT[dtype_name] - (SIGNIFICAND_BITS[dtype_name] - 1))
 
 
-def range_use_figures(xp: Any, scaled_values: Any, dtype_name: str) -> Any:
-    """Device float64 array [saturated, underflowed, flushed, elements] (counts) of the values
-    `x * scale` about to be cast to the FP8 format `dtype_name` (module docstring). NaNs count in
-    neither; an infinity saturates."""
+def range_use_figures(xp: Any, scaled_values: Any, dtype_name: str, wide: Any = None) -> Any:
+    """Device array [saturated, underflowed, flushed, elements] (counts) of the values
+    `x * scale` about to be cast to the FP8 format `dtype_name` (module docstring), in `wide`
+    (float64 unless the device has none: the formats' boundaries are exact in float32). NaNs count
+    in neither; an infinity saturates."""
     if dtype_name not in FLOAT8_DTYPES:
         raise ValueError(f"dtype {dtype_name!r}: range use is defined for {', '.join(FLOAT8_DTYPES)}")
-    v = xp.abs(xp.reshape(xp.astype(scaled_values, xp.float64), (-1,)))
-    saturated = xp.sum(xp.astype(v > overflow_boundary(dtype_name), xp.float64))
+    wide = xp.float64 if wide is None else wide
+    v = xp.abs(xp.reshape(xp.astype(scaled_values, wide), (-1,)))
+    saturated = xp.sum(xp.astype(v > overflow_boundary(dtype_name), wide))
     nonzero = v > 0.0
-    underflowed = xp.sum(xp.astype(nonzero & (v < 2.0 ** MIN_EXPONENT[dtype_name]), xp.float64))
-    flushed = xp.sum(xp.astype(nonzero & (v <= 0.5 * smallest_subnormal(dtype_name)), xp.float64))
+    underflowed = xp.sum(xp.astype(nonzero & (v < 2.0 ** MIN_EXPONENT[dtype_name]), wide))
+    flushed = xp.sum(xp.astype(nonzero & (v <= 0.5 * smallest_subnormal(dtype_name)), wide))
     elements = saturated * 0.0 + float(v.shape[0])  # on the figures' device
     return xp.stack([saturated, underflowed, flushed, elements])
 

@@ -17,6 +17,17 @@ one row per inconsistent gradient, `output_index` = its position among the diffe
 Both sides are recomputed from the same call with the same cotangent, so a gradient accumulated
 over several consumers or a stale recomputation of another step is never compared.
 
+FP8 matmuls are differentiated differently: torchao runs them inside its own autograd Function,
+whose forward calls them unrecorded (no graph to hook) and whose backward computes the gradients
+with FP8 matmuls of its own, on the gradient cast to e5m2. Those backward-pass calls are the
+matmul's vector-Jacobian product, so the stage judges each as a call (`fp8_vjp`): the re-run
+the mode builds (improve_precision: the float64 product of its own dequantised operands, the
+e5m2 gradient included; the noise modes: an operand moved in its FP8 grid) against its output,
+under the backward stage's limits. The e5m2 cast's own error is the recipe's, not the kernel's:
+it is reported as that input's cast error and range use, beside the verdict. The pass that
+`Tensor.backward` (a hooked API) runs is opened to the hooks for these calls alone
+(`resumed_pass`); every other call in it passes through as a nested call.
+
 Nothing outlives the graph or the step: the callback and what it keeps belong to hooks inside the
 outputs' autograd graph (they die with it when backward never runs), the callback drops its
 inputs when it fires, and at the end of each step every call still waiting is released and its
@@ -25,12 +36,14 @@ hooks removed. The only record of waiting calls is a weak set.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from probes.backends.patching import suspended
+from probes.backends.patching import resumed, suspended
 from probes.core import thresholds as th
 from probes.core.errors import ProbeError
 from probes.core.trees import iter_leaves, replace_at, tree_map
@@ -45,6 +58,8 @@ RETURNS_INPUT = "returns one of its inputs: its gradient is not this call's own"
 MODIFIED = "an input was modified in place before the backward pass: its gradient cannot be recomputed"
 LATE = "its backward ran after the step of the forward call had ended"
 NO_BACKWARD = "no backward pass reached its outputs before the step ended"
+# the hooked APIs that run a backward pass (their original runs as the hooked call's nested code)
+PASS_ENTRIES = frozenset({"Tensor.backward"})
 
 
 def _get(args: tuple, kwargs: dict, where: str, path: tuple) -> Any:
@@ -91,6 +106,34 @@ class BackwardCheck:
         # counted under NO_BACKWARD at the step's end (a call whose graph was freed unused too)
         self.attached: Counter[str] = Counter()
         self.fired: Counter[str] = Counter()
+        self._opened = threading.local()  # passes opened to the hooks on this thread (resumed_pass)
+
+    # FP8 matmuls of a backward pass (module docstring) -------------------------------------------
+    @contextlib.contextmanager
+    def resumed_pass(self) -> Iterator[None]:
+        """Run a hooked backward entry's pass with the hooks let through for its FP8 matmuls."""
+        opened = self._opened
+        opened.depth = getattr(opened, "depth", 0) + 1
+        try:
+            with resumed():
+                yield
+        finally:
+            opened.depth -= 1
+
+    def opened(self) -> bool:
+        """True in a pass `resumed_pass` opened on this thread: calls other than FP8 matmuls (and
+        the casts whose range use they report) pass through as the nested calls they are."""
+        return getattr(self._opened, "depth", 0) > 0
+
+    def fp8_vjp(self, args: tuple, kwargs: dict) -> bool:
+        """A call that a backward pass makes, unrecorded, on FP8 inputs: a kernel of an FP8
+        matmul's vector-Jacobian product, judged as a call."""
+        ad, b = self.autodiff, self.backend
+        in_pass = getattr(ad, "in_backward_pass", None)
+        if in_pass is None or not in_pass() or ad.recording():
+            return False
+        return any(b.is_tensor(x) and (b.is_scaled_fp8(x) or b.dtype_name(x) in th.FLOAT8_DTYPES)
+                   for _path, x in iter_leaves((args, kwargs)))
 
     # forward side ------------------------------------------------------------------------------
     def on_call(self, meta: Any, name: str, stats: Any, original: Callable[..., Any], args: tuple, kwargs: dict) -> Any:

@@ -6,6 +6,15 @@ are rebuilt (their types kept; the reference's MindSpore add_noise turned tuples
 Only host-known facts (dtype, shape) decide whether a mode applies: value-dependent gates are
 applied element-wise on the device, so no mode forces a device-to-host copy.
 
+FP8 data (a plain FP8 tensor, or the ``_data`` of a scaled FP8 tensor, which the backend's
+`value_parts` hands over and rebuilds around the same scale) is perturbed in its format's own
+grid, on the integer view of its bytes: the format has no room for sub-ulp noise (msprobe's
+x + v rounds back to x), and FP8 tensors have no arithmetic of their own. add_noise moves every
+finite normal element one ulp away from zero under either style, bit_noise flips its lowest
+mantissa bit (+-1 ulp), change_value swaps two bytes; the move is reported in the input's own
+ulps (its format's epsilon), so the scaled rule's noise floor is one FP8 ulp, not one of the
+output's dtype.
+
 A backend may offer `host_workspace(t)`: (operations, array, back) when the tensor's values are
 in host memory anyway and the mode's few element-wise operations are cheaper on a host array
 than dispatched one by one as framework operators (MindSpore PyNative on the CPU target: a view,
@@ -16,6 +25,7 @@ on the array with those operations and `back` makes the result a tensor. A backe
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -86,6 +96,7 @@ class Perturbation:
     needs_float_target = True
     edits_elements = True  # the mode changes elements (a nested / masked / sparse input: through its values)
     raise_float32 = False  # improve_precision only (see ImprovePrecision)
+    fp8_grid = False  # the mode also perturbs FP8 data, in its format's grid (module docstring)
 
     def __init__(self, backend: Any, add_noise_style: str = "ulp") -> None:
         self.backend = backend
@@ -95,7 +106,8 @@ class Perturbation:
         """None when this tensor can be perturbed, else why not."""
         if self.backend.numel(t) == 0:
             return "tensor is empty"
-        if self.backend.dtype_name(t) not in th.FLOAT_DTYPES:
+        name = self.backend.dtype_name(t)
+        if name not in th.FLOAT_DTYPES and not (self.fp8_grid and name in th.FLOAT8_DTYPES):
             return f"dtype {self.backend.dtype_repr(t)} is not supported"
         return None
 
@@ -177,19 +189,28 @@ class AddNoise(Perturbation):
     the last place away from zero, in its own dtype, so the perturbation is real for every
     magnitude (the reference's x + v rounds away for most values). On the signed-integer view
     of a float, +1 is exactly "one ulp larger in magnitude", for either sign.
-    reference style: msprobe 8.3.3's x + v where |x| > sqrt(v)."""
+    reference style: msprobe 8.3.3's x + v where |x| > sqrt(v).
+    FP8 data: every finite normal element one ulp away from zero, under either style (v has no
+    FP8 value to land on); the gate is the format's smallest normal number, as sqrt(v), an
+    absolute size, means nothing in the scaled values FP8 holds."""
 
     mode = "add_noise"
+    fp8_grid = True
 
     def move_bound(self, dtype_name: str) -> float | None:
         # one ulp of an element is at most eps of its magnitude (exactly eps just above a power
         # of two), and at most that of the row's scale for the smaller ones
-        return th.MACHINE_EPS.get(dtype_name) if self.add_noise_style == "ulp" else None
+        if self.add_noise_style == "ulp" or dtype_name in th.FLOAT8_DTYPES:
+            return th.MACHINE_EPS.get(dtype_name)
+        return None
 
     def perturb(self, t: Any) -> Any:
         b, t, back = _workspace(self.backend, t)
         xp = b.namespace(t)
         name = b.dtype_name(t)
+        if name in th.FLOAT8_DTYPES:
+            bits, magnitude, normal, top = _fp8_codes(b, t, name)
+            return back(b.from_bit_view(xp.where((magnitude >= normal) & (magnitude < top), bits + 1, bits), t))
         v = th.NOISE_VALUE[name]
         gate = v**0.5
         magnitude = xp.abs(t)
@@ -205,9 +226,11 @@ class AddNoise(Perturbation):
 
 class BitNoise(Perturbation):
     """Flip the lowest mantissa bit of every finite normal element (±1 ulp). Infinities stay
-    infinite (the reference turned them into NaN)."""
+    infinite (the reference turned them into NaN). FP8 data likewise, but for a largest value
+    whose flip would be a NaN (e4m3fn's 448: all-ones is its NaN), which moves one ulp down."""
 
     mode = "bit_noise"
+    fp8_grid = True
 
     def move_bound(self, dtype_name: str) -> float | None:
         return th.MACHINE_EPS.get(dtype_name)  # +-1 ulp of normal elements, as add_noise
@@ -215,6 +238,12 @@ class BitNoise(Perturbation):
     def perturb(self, t: Any) -> Any:
         b, t, back = _workspace(self.backend, t)
         xp = b.namespace(t)
+        name = b.dtype_name(t)
+        if name in th.FLOAT8_DTYPES:
+            bits, magnitude, normal, top = _fp8_codes(b, t, name)
+            one = xp.ones_like(bits)
+            flipped = xp.where(xp.bitwise_xor(magnitude, one) > top, bits - 1, xp.bitwise_xor(bits, one))
+            return back(b.from_bit_view(xp.where((magnitude >= normal) & (magnitude <= top), flipped, bits), t))
         magnitude = xp.abs(t)
         eligible = (magnitude > th.SMALLEST_NORMAL[b.dtype_name(t)]) & (magnitude < float("inf"))
         bits = b.bit_view(t)
@@ -222,9 +251,11 @@ class BitNoise(Perturbation):
 
 
 class ChangeValue(Perturbation):
-    """Swap the first and last entries ([0]/[-1] in 1-D, [0][0]/[-1][-1] from 2-D up)."""
+    """Swap the first and last entries ([0]/[-1] in 1-D, [0][0]/[-1][-1] from 2-D up); FP8 data
+    too (its scale, shared by every element, stays)."""
 
     mode = "change_value"
+    fp8_grid = True
 
     def accepts(self, t: Any) -> str | None:
         why = super().accepts(t)
@@ -274,6 +305,21 @@ class ToCpu(Perturbation):
             return Cancelled("no floating-point tensor among the inputs")
         move = b.to_cpu_float
         return PerturbedCall(tuple(tree_map(move, args)), _no_inplace(dict(tree_map(move, kwargs))), on_cpu=True)
+
+
+def _fp8_codes(b: Any, t: Any, name: str) -> tuple[Any, Any, int, int]:
+    """(bytes, magnitude bytes, smallest normal, largest finite) of FP8 data `t`: an FP8 byte is
+    sign-magnitude, so the magnitude's byte (sign bit cleared) orders the values and +1 on it is
+    one ulp further from zero; the two limits are the formats' magnitude bytes, from their
+    significand bits, smallest exponent and largest value (NaN and infinity lie above the
+    largest; the fnuz NaN, the bare sign bit, has magnitude 0)."""
+    mantissa = th.SIGNIFICAND_BITS[name] - 1
+    top = th.LARGEST_FINITE[name]
+    exponent = math.frexp(top)[1] - 1
+    fraction = round((top / 2.0**exponent - 1.0) * 2**mantissa)
+    top_code = ((exponent - th.MIN_EXPONENT[name] + 1) << mantissa) + fraction
+    bits = b.bit_view(t)
+    return bits, bits & 0x7F, 1 << mantissa, top_code
 
 
 _FINFO_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38,

@@ -30,7 +30,7 @@ from probes.core.records import FREE_BENCHMARK_COLUMNS, FreeBenchmarkRow
 from probes.core.trees import format_path, iter_leaves, tree_map
 from probes.core.writers import CsvAppender, write_json_atomic
 from probes.free_benchmark import exclusions
-from probes.free_benchmark.backward import BackwardCheck
+from probes.free_benchmark.backward import PASS_ENTRIES, BackwardCheck
 from probes.free_benchmark.compare import (
     OutputModified,
     StructureMismatch,
@@ -119,6 +119,8 @@ class Selection:
         self.plain = tuple(e for e in api_list if not any(c.isdigit() for c in e))
         self.counted = tuple(e for e in api_list if any(c.isdigit() for c in e))
         self._cache: dict[str, bool | None] = {}
+        if stage == "backward":  # never False: the hooks must see the passes they run and the FP8 casts
+            self._cache.update(dict.fromkeys(PASS_ENTRIES | FP8_CASTS))  # of their matmuls (backward.py)
 
     def static(self, key: str) -> bool | None:
         """True/False when the decision is the same for every call of the API, None when the
@@ -263,11 +265,17 @@ class FreeBenchmarkProbe:
         if not self.active:
             return original(*args, **kwargs)
         key = meta.key
+        backward = self.backward
+        if backward is not None and backward.opened() and key not in FP8_CASTS and not backward.fp8_vjp(args, kwargs):
+            return original(*args, **kwargs)  # a backward pass opened for its FP8 matmuls only (backward.py)
         if self._optimizer_steps:
             self._skip(key, exclusions.IN_OPTIMIZER_STEP)
             return original(*args, **kwargs)
         if meta.exclusion is not None:
             self._skip(key, meta.exclusion)
+            if backward is not None and key in PASS_ENTRIES:
+                with backward.resumed_pass():  # its FP8 matmuls are judged (backward.py)
+                    return original(*args, **kwargs)
             if key not in FP8_CASTS:
                 return original(*args, **kwargs)
             out = original(*args, **kwargs)
@@ -305,7 +313,7 @@ class FreeBenchmarkProbe:
             if why is not None:
                 self._skip(key, why)
                 return original(*args, **kwargs)
-        if self.backward is not None:
+        if backward is not None and not backward.fp8_vjp(args, kwargs):  # (an FP8 VJP matmul: judged below)
             why = self.backend.backward_reason(args, kwargs)
             if why is not None:
                 self._skip(key, why)
@@ -344,8 +352,8 @@ class FreeBenchmarkProbe:
             return
         if meta.mutates_inputs:
             args, kwargs = tree_map(_cloner(b), args), tree_map(_cloner(b), kwargs)
-        fp8_reference = (b.fp8_reference(meta.qualname) if self.fb.pert_mode == "improve_precision"
-                         and meta.prefix == "Torch" else None)
+        fp8_reference = (b.fp8_reference(meta.qualname, meta.prefix) if self.fb.pert_mode == "improve_precision"
+                         else None)
         if fp8_reference is not None:  # FP8 operands and scales: their float64 product (torch_fp8)
             pert: Any = PerturbedCall(args, kwargs)
         else:
@@ -413,8 +421,10 @@ class FreeBenchmarkProbe:
         b = self.backend
         meta, name, stats, _original, _args, _kwargs, out, snapshot, sampled, _local = call
         deferred = self.preheat is None and meta.review is None
+        stage = self.fb.fuzz_stage  # "backward": an FP8 matmul of a backward pass (backward.py fp8_vjp)
         try:
             check = comparison(b, out, pert_out, pert_mode=self.fb.pert_mode, rule=self.fb.rule, input_move=move,
+                               tolerance=th.BACKWARD_TOLERANCE if stage == "backward" else None, stage=stage,
                                pointwise=getattr(meta, "pointwise", False),
                                version=b.autodiff.version if deferred else None, exact=meta.review is not None)
             fp8_inputs = b.fp8_inputs(args, kwargs)

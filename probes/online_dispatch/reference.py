@@ -376,13 +376,17 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
 # the FP8 matmul ------------------------------------------------------------------------------------
 
 
+# the FP8 matmuls, (namespace, op): aten's and torch_npu's quantised one
+_ROUNDED_ONCE = frozenset({("aten", "_scaled_mm"), ("npu", "npu_quant_matmul")})
+
+
 def rounded_once_terms(func: Any, args: tuple) -> int:
-    """For ``_scaled_mm`` (whose reference is exact and which a correct kernel rounds once), the
+    """For the FP8 matmuls (whose reference is exact and which a correct kernel rounds once), the
     number of products per output element; 0 for every other op."""
-    if getattr(func, "namespace", None) != "aten" or getattr(func, "_opname", None) != "_scaled_mm":
+    if (getattr(func, "namespace", None), getattr(func, "_opname", None)) not in _ROUNDED_ONCE:
         return 0
     first = args[0] if args else None
-    return int(first.shape[-1]) if isinstance(first, torch.Tensor) and first.dim() == 2 else 0
+    return int(first.shape[-1]) if isinstance(first, torch.Tensor) and first.dim() >= 2 else 0
 
 
 def _dequantised(data: torch.Tensor, scale: torch.Tensor, rowwise: tuple[int, int]) -> torch.Tensor | None:

@@ -36,6 +36,8 @@ _FAMILIES = {
         # the FP8 matmul (pytest_msprobe.catalogue.fp8_ops), by operand formats and scaling
         "_scaled_mm[e4m3fn-e4m3fn-tensorwise]", "_scaled_mm[e4m3fn-e5m2-tensorwise]",
         "_scaled_mm[e4m3fn-e4m3fn-rowwise]", "_scaled_mm[e4m3fn-e5m2-rowwise]",
+        # torch_npu's FP8 matmul (pytest_msprobe.catalogue.npu_ops)
+        "npu_quant_matmul",
     },
     MEANS: {"mean", "nanmean", "masked.mean"},
     NORMS: {"linalg.vector_norm", "norm", "norm[fro]", "norm[inf]", "masked.norm"},

@@ -16,12 +16,13 @@ Usage::
 
 Simulated: the ``"npu"`` device (PyTorch's PrivateUse1 backend, renamed), whose tensors wrap CPU
 tensors and run every ATen op with the CPU kernel (autograd, ``Module.to("npu")`` and optimizers
-work); ``torch.npu`` with one device; the hardware's refusals (no float64 on the device, no
+work, and so do FP8 tensors and ``torch._scaled_mm``, as on Ascend parts with FP8); ``torch.npu``
+with one device; the hardware's refusals (no float64 and no AMD fnuz FP8 formats on the device, no
 ``.numpy()`` of a device tensor); a count of device-to-host transfers; and a ``torch_npu``
-stand-in whose fused operators (the keys of `SUPPORTED_DEFECTS`) are ``npu::`` custom ops with
-autograd and, as on the hardware, no CPU kernel. A fused operator can be seeded with a defect:
-``"reduced_precision"`` computes its forward in bfloat16, ``"wrong_backward"`` negates its
-gradients.
+stand-in whose fused operators (the keys of `SUPPORTED_DEFECTS`, FP8 ``npu_quant_matmul``
+among them) are ``npu::`` custom ops with, as on the hardware, no CPU kernel, and autograd where
+torch_npu has a backward. A fused operator can be seeded with a defect: ``"reduced_precision"``
+computes its forward in bfloat16, ``"wrong_backward"`` negates its gradients.
 
 Not simulated: the hardware's numerics (results are the CPU's), asynchrony (streams and
 ``synchronize()`` do nothing), collectives, memory limits, autocast, ``torch.compile``, the rest of
@@ -58,6 +59,8 @@ SUPPORTED_DEFECTS: Dict[str, Tuple[str, ...]] = {
     "npu_swiglu": ("reduced_precision", "wrong_backward"),
     "npu_rotary_mul": ("reduced_precision", "wrong_backward"),
     "npu_fusion_attention": ("reduced_precision", "wrong_backward"),
+    # inference only in torch_npu (no backward), so no "wrong_backward"
+    "npu_quant_matmul": ("reduced_precision",),
 }
 
 _OP_SCHEMAS = {
@@ -72,9 +75,19 @@ _OP_SCHEMAS = {
         "float keep_prob=1., int pre_tockens=2147483647, int next_tockens=2147483647, int inner_precise=0, "
         "int[]? prefix=None, int[]? actual_seq_qlen=None, int[]? actual_seq_kvlen=None, int sparse_mode=0, "
         "bool gen_mask_parallel=True, bool sync=False) -> (Tensor, Tensor, Tensor, Tensor)"),
+    "npu_quant_matmul": (
+        "npu_quant_matmul(Tensor x1, Tensor x2, Tensor scale, *, Tensor? offset=None, Tensor? pertoken_scale=None, "
+        "Tensor? bias=None, ScalarType? output_dtype=None) -> Tensor"),
 }
 
-_UNSUPPORTED_DTYPES = (torch.float64,)
+# dtypes the hardware has no storage or compute for, with why: a probe that asks the device for
+# one fails here as it would on an Ascend NPU
+_UNSUPPORTED_DTYPES: Dict[torch.dtype, str] = {
+    torch.float64: "Ascend NPUs have no float64 compute; keep float64 tensors on the CPU",
+    **{getattr(torch, name): ("an AMD FP8 variant; Ascend's FP8 formats are float8_e4m3fn and float8_e5m2 "
+                              "(and HiFloat8, which PyTorch has no dtype for)")
+       for name in ("float8_e4m3fnuz", "float8_e5m2fnuz") if hasattr(torch, name)},
+}
 
 
 class SimulatedNPUError(RuntimeError):
@@ -88,9 +101,10 @@ _active: SimulatedNPU | None = None
 
 
 def _dtype_error(dtype: torch.dtype) -> SimulatedNPUError:
+    alias = " (float64/double)" if dtype == torch.float64 else ""
     return SimulatedNPUError(
-        f"{dtype} (float64/double) is not supported on the NPU: Ascend NPUs have no float64 compute; "
-        "keep float64 tensors on the CPU (pytest_msprobe.testing.simulated_npu is strict like the hardware)"
+        f"{dtype}{alias} is not supported on the NPU: {_UNSUPPORTED_DTYPES[dtype]} "
+        "(pytest_msprobe.testing.simulated_npu is strict like the hardware)"
     )
 
 
@@ -373,9 +387,63 @@ def _fusion_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     return _cast(_aten.contiguous.default(out), query.dtype), softmax_max, softmax_sum, empty
 
 
+_FP8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n))
+_QUANT_OUTPUTS = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _quant_matmul_refusal(x1: torch.Tensor, x2: torch.Tensor, scale: torch.Tensor, offset: Any,
+                          pertoken_scale: Any, bias: Any, output_dtype: Any) -> str | None:
+    """Why a call is outside the simulated subset of npu_quant_matmul, or None."""
+    if x1.dtype not in _FP8 or x2.dtype not in _FP8:
+        return f"x1/x2 of {x1.dtype}/{x2.dtype}; simulated: FP8 ({', '.join(map(str, _FP8))}), not int8/int4"
+    if not (2 <= x1.dim() <= 6 and 2 <= x2.dim() <= 6) or x1.shape[-1] != x2.shape[-2]:
+        return f"x1 {list(x1.shape)} and x2 {list(x2.shape)} are not (..., m, k) and (..., k, n), 2 to 6 dims"
+    m, n = x1.shape[-2], x2.shape[-1]
+    if scale.dim() != 1 or scale.numel() not in (1, n) or not scale.dtype.is_floating_point:
+        return f"scale of shape {list(scale.shape)} and {scale.dtype}; simulated: float, (1,) or (n,) = ({n},)"
+    if offset is not None:
+        return "offset (the int8-output path) is not simulated"
+    if pertoken_scale is not None and (pertoken_scale.dim() != 1 or pertoken_scale.numel() != m):
+        return f"pertoken_scale of shape {list(pertoken_scale.shape)}; expected (m,) = ({m},)"
+    if bias is not None and (bias.dim() not in (1, 3) or bias.shape[-1] != n or not bias.dtype.is_floating_point):
+        return f"bias of shape {list(bias.shape)} and {bias.dtype}; simulated: float, (n,) or (batch, 1, n)"
+    if output_dtype not in _QUANT_OUTPUTS:
+        return f"output_dtype={output_dtype}; simulated: {', '.join(map(str, _QUANT_OUTPUTS))} (not int8)"
+    return None
+
+
+def _quant_matmul(x1: torch.Tensor, x2: torch.Tensor, scale: torch.Tensor, offset: Any = None,
+                  pertoken_scale: Any = None, bias: Any = None, output_dtype: Any = None,
+                  reduced: bool = False) -> torch.Tensor:
+    """The FP8 subset of torch_npu.npu_quant_matmul: (x1 @ x2) * scale [* pertoken_scale per row]
+    [+ bias], accumulated in float32 and rounded once to output_dtype. Floating-point bias is added
+    after dequantisation, the convention torch_npu documents for float scales; whether Ascend's FP8
+    kernels place it there too is not verified here. The seeded defect keeps the running sum, and
+    the epilogue, in bfloat16 (one rounding per term), as a kernel with too narrow an accumulator."""
+    why = _quant_matmul_refusal(x1, x2, scale, offset, pertoken_scale, bias, output_dtype)
+    if why is not None:
+        raise SimulatedNPUError(f"npu_quant_matmul: {why}")
+    compute = torch.bfloat16 if reduced else torch.float32
+    a, b = _cast(x1, compute), _cast(x2, compute)
+    if reduced:  # FP8 products are exact in bfloat16; the sum is what rounds
+        acc = _aten.mul.Tensor(_aten.narrow.default(a, -1, 0, 1), _aten.narrow.default(b, -2, 0, 1))
+        for i in range(1, a.shape[-1]):
+            acc = _aten.add.Tensor(acc, _aten.mul.Tensor(_aten.narrow.default(a, -1, i, 1),
+                                                         _aten.narrow.default(b, -2, i, 1)))
+    else:
+        acc = _aten.matmul.default(a, b)
+    acc = _aten.mul.Tensor(acc, _cast(scale, compute))
+    if pertoken_scale is not None:
+        acc = _aten.mul.Tensor(acc, _aten.unsqueeze.default(_cast(pertoken_scale, compute), -1))
+    if bias is not None:
+        acc = _aten.add.Tensor(acc, _cast(bias, compute))
+    return _cast(acc, output_dtype)
+
+
 _MATH: Dict[str, Callable[..., Any]] = {"npu_fusion_attention": _fusion_attention,
                                         "npu_rms_norm": _rms_norm, "npu_swiglu": _swiglu,
-                                        "npu_rotary_mul": _rotary_mul}
+                                        "npu_rotary_mul": _rotary_mul, "npu_quant_matmul": _quant_matmul}
+# tensor inputs of the ops with a backward (torch_npu's npu_quant_matmul has none)
 _TENSOR_ARGS = {"npu_rms_norm": 2, "npu_swiglu": 1, "npu_rotary_mul": 3, "npu_fusion_attention": 3}
 
 # "npu::<name>" -> implementation (with this block's defects) while a simulation is active
@@ -447,7 +515,12 @@ def _make_torch_npu_module(device_module: _NPUModule) -> types.ModuleType:
                              input_layout: str, **kwargs: Any) -> Tuple[Any, ...]:
         return tuple(torch.ops.npu.npu_fusion_attention(query, key, value, head_num, input_layout, **kwargs)) + (0, 0, 0)
 
-    for fn in (npu_rms_norm, npu_swiglu, npu_rotary_mul, npu_fusion_attention):
+    def npu_quant_matmul(x1: torch.Tensor, x2: torch.Tensor, scale: torch.Tensor, *, offset: Any = None,
+                         pertoken_scale: Any = None, bias: Any = None, output_dtype: Any = None) -> torch.Tensor:
+        return torch.ops.npu.npu_quant_matmul(x1, x2, scale, offset=offset, pertoken_scale=pertoken_scale,
+                                              bias=bias, output_dtype=output_dtype)
+
+    for fn in (npu_rms_norm, npu_swiglu, npu_rotary_mul, npu_fusion_attention, npu_quant_matmul):
         fn.__module__ = "torch_npu"
         setattr(mod, fn.__name__, fn)
     return mod
@@ -612,7 +685,8 @@ def simulated_npu(defects: Mapping[str, str] | None = None) -> Iterator[Simulate
         # __torch_dispatch__ calls these implementations
         for name, impl in _make_op_impls(checked).items():
             npu_lib.define(_OP_SCHEMAS[name])
-            _register_autograd(npu_lib, name, checked.get(name))
+            if name in _TENSOR_ARGS:
+                _register_autograd(npu_lib, name, checked.get(name))
             _fused_impls[f"npu::{name}"] = impl
         undo.append(_fused_impls.clear)
 

@@ -14,16 +14,20 @@ import torch
 from multirank_jobs import CollectiveCounter
 
 STEPS = 2
+#: (parameter, value): element [0, 0] of the parameter's gradient is set to the value at the
+#: last step, on every rank that holds it: an outlier, at whose FP8 scale the rest underflows
+OUTLIER = ("l2.weight", 100.0)
 
 
 def grad_probe_job(dump: str, engine: str, level: str = "L2", steps: int = STEPS, ranks: list[int] | None = None,
                    flip: tuple[int, str, int] | None = None, probe: bool = True,
                    fail: tuple[int, tuple[int, ...]] | None = None, step_filter: list[int] | None = None,
-                   fp8: list[str] | None = None) -> dict[str, Any]:
+                   fp8: list[str] | None = None, outlier: bool = False) -> dict[str, Any]:
     """``flip=(rank, param, step)``: on that rank only, the sign of its own slice of that
     parameter's gradient is flipped at that step, before the optimizer step (a seeded defect on
     one rank's shard). ``fail=(rank, shape)``: on that rank only, the probe cannot read its slice
-    of the gradient of that (full) shape."""
+    of the gradient of that (full) shape. ``outlier``: OUTLIER is seeded (after the last loss:
+    the losses stay those of a run without it)."""
     import torch.distributed as dist
 
     from probes.backends import torch_shards
@@ -54,6 +58,8 @@ def grad_probe_job(dump: str, engine: str, level: str = "L2", steps: int = STEPS
         debugger.monitor(model)
 
     def seeded(model: torch.nn.Module, _opt: Any, step: int) -> None:
+        if outlier and step == steps - 1:
+            _seed_outlier(model)
         if flip is None or (dist.get_rank(), step) != (flip[0], flip[2]):
             return
         for name, p in model.named_parameters():
@@ -68,6 +74,31 @@ def grad_probe_job(dump: str, engine: str, level: str = "L2", steps: int = STEPS
         if debugger is not None:
             debugger.stop()
     return {"losses": losses, "calls": calls}
+
+
+def _seed_outlier(model: torch.nn.Module) -> None:
+    from probes.backends import torch_shards
+
+    name, value = OUTLIER
+    for n, p in model.named_parameters():
+        if n.removeprefix("module.") != name:
+            continue
+        g = p.grad
+        if torch_shards.is_sharded(g):
+            part = torch_shards.describe(g)
+            if part.index is None or not all(len(ix) and ix[0] == 0 for ix in part.index):
+                return  # this rank's slice does not start at [0, 0]
+            g = part.local
+        g[(0,) * g.ndim] = value
+
+
+def grad_probe_jobs(dump: str, engine: str, fp8_dump: str, fp8: list[str]) -> dict[str, Any]:
+    """grad_probe_job, then the same training with the FP8 health columns of ``fp8`` on and
+    OUTLIER seeded (written to ``fp8_dump``), in the same processes: a launch costs seconds, a
+    second run on its mesh a fraction of one. The second run's results are under ``"fp8"``."""
+    out = grad_probe_job(dump, engine)
+    out["fp8"] = grad_probe_job(fp8_dump, engine, fp8=fp8, outlier=True)
+    return out
 
 
 def partial_gradient_job(dump: str) -> dict[str, Any]:

@@ -1,6 +1,8 @@
 """grad_probe's FP8 health columns: absent unless asked for (msprobe's CSV unchanged), the exact
-fractions of a gradient that underflow / saturate at its tensorwise amax scale, the same figures
-from a sharded parameter's slices, and bad values of the key refused by name."""
+fractions of a gradient that underflow / saturate at its tensorwise amax scale, the same cells
+from MindSpore's monitor (PyNative on NumPy, on MindSpore tensors, and compiled) as from
+PyTorch's, and bad values of the key refused by name. Sharded engines' figures are compared with
+the single process's in tests/test_sharded_grad_probe.py and tests/test_zero_grad_probe.py."""
 
 from __future__ import annotations
 
@@ -9,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import sharded_jobs as jobs
 import torch
 
 from probes.core.config import load_config
@@ -17,7 +18,6 @@ from probes.core.errors import ConfigError
 from probes.core.thresholds import LARGEST_FINITE, MIN_EXPONENT
 from probes.grad_probe import csv_format
 from probes.grad_probe.torch_monitor import GradMonitor
-from pytest_msprobe.distributed import run_ranks
 
 FORMATS = ["float8_e5m2", "float8_e4m3fn"]
 COLUMNS = ["float8_e5m2 underflow", "float8_e5m2 saturated", "float8_e4m3fn underflow", "float8_e4m3fn saturated"]
@@ -55,6 +55,17 @@ def _outliers() -> torch.Tensor:
     """Small gradient values with three huge outliers: at the outliers' scale the rest underflows."""
     g = torch.randn(1000, generator=torch.Generator().manual_seed(0)) * 1e-3
     g[[7, 400, 999]] = torch.tensor([1e4, -2e4, 3e4])
+    return g
+
+
+def _gaussian() -> torch.Tensor:
+    """A clean gradient: at its amax (about 3.3 sigma) almost nothing falls below either range."""
+    return torch.randn(1000, generator=torch.Generator().manual_seed(2))
+
+
+def _non_finite() -> torch.Tensor:
+    g = _spread()
+    g[[3, 5]] = torch.tensor([float("inf"), float("nan")])
     return g
 
 
@@ -101,9 +112,8 @@ def test_exact_fractions_of_an_outlier_gradient_and_a_well_spread_one(tmp_path):
 
 
 def test_non_finite_and_empty_gradients(tmp_path):
-    g = _spread()
-    g[[3, 5]] = torch.tensor([float("inf"), float("nan")])
-    rows = {r["param_name"]: r for r in _dump(tmp_path, {"bad": g, "empty": torch.zeros(0), "zero": torch.zeros(8)},
+    rows = {r["param_name"]: r for r in _dump(tmp_path, {"bad": _non_finite(), "empty": torch.zeros(0),
+                                                         "zero": torch.zeros(8)},
                                              fp8_health=["float8_e4m3fn"])}
     # the amax is the finite elements': the infinity saturates, the NaN counts in neither
     assert float(rows["bad"]["float8_e4m3fn saturated"]) == 1 / 1000
@@ -136,20 +146,90 @@ def test_the_key_round_trips_and_works_as_an_override(tmp_path):
     assert over.grad_probe.fp8_health == tuple(FORMATS)
 
 
-def test_a_sharded_parameter_gives_the_full_gradients_fractions(tmp_path):
-    """FSDP2 on two ranks: the amax is exchanged before the counts, so each rank's row is the full
-    gradient's (the single process's run on the same batch)."""
-    plain, fsdp = tmp_path / "plain", tmp_path / "fsdp"
-    jobs.grad_probe_job(str(plain), "plain", fp8=FORMATS)
-    run_ranks(jobs.grad_probe_job, 2, (str(fsdp), "fsdp"), {"fp8": FORMATS}, timeout=90.0)
-    for step in range(jobs.STEPS):
-        want = {r["param_name"].removeprefix("module."): r for r in _read(csv_format.summary_csv_path(plain, 0, step))}
-        for rank in range(2):
-            got = {r["param_name"].removeprefix("module."): r
-                   for r in _read(csv_format.summary_csv_path(fsdp, rank, step))}
-            assert list(got) == list(want)
-            for name, row in want.items():
-                for column in COLUMNS:
-                    assert got[name][column] != ""
-                    assert float(got[name][column]) == pytest.approx(float(row[column]), abs=2e-3), (
-                        rank, step, name, column)
+# ------------------------------------------------------------------ MindSpore
+
+#: how MindSpore's monitor gets the gradients: called from Python with the figures on NumPy (the
+#: CPU host view) or on MindSpore tensors (as on other targets), or compiled with mindspore.jit
+MS_PATHS = ("numpy", "tensor", "jit")
+
+
+def _seeded() -> dict[str, torch.Tensor]:
+    return {"outliers": _outliers(), "gaussian": _gaussian(), "spread": _spread(), "non_finite": _non_finite()}
+
+
+def _ms_dump(root: Path, grads: dict[str, np.ndarray], path: str, compute=None) -> list[dict[str, str]]:
+    """One optimizer call of a MindSporeGradMonitor on gradients ``grads`` along ``path``."""
+    import mindspore as ms
+    from mindspore import Tensor, nn
+
+    from probes.backends.mindspore_backend import BACKEND
+    from probes.grad_probe import mindspore_monitor
+
+    params = [ms.Parameter(Tensor(np.zeros(g.shape, np.float32)), name=n) for n, g in grads.items()]
+    opt = nn.SGD(params, learning_rate=0.0)
+    with pytest.MonkeyPatch.context() as mp:
+        if path == "tensor":
+            mp.setattr(BACKEND, "host_view", lambda t: None)
+        if compute is not None:  # a target without float64, as Ascend
+            mp.setattr(mindspore_monitor, "_graph_compute_dtype", lambda: compute)
+        mon = mindspore_monitor.MindSporeGradMonitor(_config(root, fp8_health=FORMATS), opt)
+        try:
+            gradients = tuple(Tensor(g) for g in grads.values())
+            if path == "jit":
+                def step(gs):
+                    return opt(gs)
+
+                ms.jit(step)(gradients)
+            else:
+                opt(gradients)
+        finally:
+            mon.stop()
+    summary = mon.summary()
+    assert summary["errors"] == [] and summary["paths"]["graph" if path == "jit" else "host"] == 1
+    return _read(csv_format.summary_csv_path(root, 0, 0))
+
+
+@pytest.fixture(scope="module", params=MS_PATHS)
+def ms_rows(request, tmp_path_factory):
+    """(MindSpore's rows, PyTorch's rows) of the seeded gradients."""
+    pytest.importorskip("mindspore")
+    from probes.backends import mindspore_xp
+
+    mindspore_xp.warm_up()
+    root = tmp_path_factory.mktemp(f"fp8_ms_{request.param}")
+    grads = _seeded()
+    got = _ms_dump(root / "ms", {n: g.numpy() for n, g in grads.items()}, request.param)
+    want = _dump(root / "torch", grads, fp8_health=FORMATS)
+    return {r["param_name"]: r for r in got}, {r["param_name"]: r for r in want}
+
+
+def test_mindspore_flags_the_outlier_gradient_and_passes_the_gaussian_one(ms_rows):
+    rows, _ = ms_rows
+    for name, g in _seeded().items():
+        for fmt in FORMATS:
+            under, sat = _expected(g.numpy(), fmt)
+            assert float(rows[name][f"{fmt} underflow"]) == under, (name, fmt)
+            assert float(rows[name][f"{fmt} saturated"]) == sat, (name, fmt)
+    outliers, gaussian = rows["outliers"], rows["gaussian"]
+    assert float(outliers["float8_e4m3fn underflow"]) == 997 / 1000  # all but the three outliers
+    assert 0.0 < float(outliers["float8_e5m2 underflow"]) < 0.1
+    for fmt in FORMATS:
+        assert float(gaussian[f"{fmt} underflow"]) <= 1e-3
+        # saturation at the amax scale: none for finite values; the infinity is the one element
+        assert float(gaussian[f"{fmt} saturated"]) == float(outliers[f"{fmt} saturated"]) == 0.0
+        assert float(rows["non_finite"][f"{fmt} saturated"]) == 1 / 1000
+
+
+def test_mindspore_writes_the_cells_pytorch_writes_for_the_same_gradient(ms_rows):
+    rows, torch_rows = ms_rows
+    assert list(rows) == list(torch_rows)
+    for name, row in torch_rows.items():
+        assert list(rows[name]) == list(row)  # msprobe's header, then the FP8 columns
+        assert [rows[name][c] for c in COLUMNS] == [row[c] for c in COLUMNS], name  # the same text
+
+
+def test_a_compiled_step_without_float64_leaves_nan_as_pytorch_does(tmp_path):
+    ms = pytest.importorskip("mindspore")
+    rows = _ms_dump(tmp_path, {"w": _outliers().numpy()}, "jit", compute=ms.float32)
+    assert [rows[0][c] for c in COLUMNS] == ["nan"] * len(COLUMNS)
+    assert float(rows[0]["max"]) == 3e4  # the rest of the row is measured

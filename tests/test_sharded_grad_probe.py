@@ -32,6 +32,8 @@ WORLD = {"ddp": 2, "fsdp": 2, "tp": 2, "ddp4": 4, "hsdp": 4, "fsdp_tp": 4}
 #: process-group chains grad_probe combines over, per engine (fsdp_tp: the 2-D mesh, and the
 #: head's data-parallel mesh)
 CHAINS = {"ddp": 0, "fsdp": 1, "tp": 1, "ddp4": 0, "hsdp": 1, "fsdp_tp": 2}
+FP8 = ["float8_e5m2", "float8_e4m3fn"]
+FP8_COLUMNS = [f"{f} {figure}" for f in FP8 for figure in stats.FP8_HEALTH_FIGURES]
 
 
 # ------------------------------------------------------------------ no process group
@@ -151,11 +153,18 @@ def _run(dump: Path, engine: str, **kwargs) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Every engine's two-step L2 run (and the single process's), with its rank results."""
+    """Every engine's two-step L2 run (and the single process's), with its rank results; in the
+    same launch, the run with the FP8 health columns on, under ``{engine}_fp8`` (its rank results
+    under each rank's ``"fp8"``)."""
     root = tmp_path_factory.mktemp("sharded")
-    out = {"plain": (root / "plain", [jobs.grad_probe_job(str(root / "plain"), "plain")])}
+    out = {"plain": (root / "plain", [jobs.grad_probe_job(str(root / "plain"), "plain")]),
+           "plain_fp8": (root / "plain_fp8", [jobs.grad_probe_job(str(root / "plain_fp8"), "plain", fp8=FP8, outlier=True)])}
     for engine in WORLD:
-        out[engine] = (root / engine, _run(root / engine, engine))
+        name = "ddp" if engine == "ddp4" else engine
+        values = run_ranks(jobs.grad_probe_jobs, WORLD[engine], (str(root / engine), name, str(root / f"{engine}_fp8"),
+                                                                 FP8), timeout=TIMEOUT_S).values
+        out[engine] = (root / engine, values)
+        out[f"{engine}_fp8"] = (root / f"{engine}_fp8", [v["fp8"] for v in values])
     return out
 
 
@@ -164,16 +173,24 @@ def _rows(dump: Path, rank: int, step: int) -> dict[str, dict[str, str]]:
         return {r["param_name"].removeprefix("module."): r for r in csv.DictReader(f)}
 
 
+@pytest.mark.parametrize("fp8", ["", "_fp8"])
 @pytest.mark.parametrize("engine", ["fsdp", "tp", "hsdp", "fsdp_tp"])
-def test_every_rank_writes_the_full_parameters_figures(runs, engine):
-    plain_dump, _ = runs["plain"]
-    dump, values = runs[engine]
+def test_every_rank_writes_the_full_parameters_figures(runs, engine, fp8):
+    """With ``_fp8``, the FP8 health columns too, and an outlier on one rank's slice: each rank
+    counts its slices at the full gradient's amax, so the fractions are the single process's."""
+    plain_dump, _ = runs[f"plain{fp8}"]
+    dump, values = runs[f"{engine}{fp8}"]
     for step in range(jobs.STEPS):
         want = _rows(plain_dump, 0, step)
+        if fp8:
+            assert list(next(iter(want.values())))[-len(FP8_COLUMNS):] == FP8_COLUMNS
+            if step == jobs.STEPS - 1:  # the outlier's scale: most of the rest of its gradient underflows
+                assert float(want[jobs.OUTLIER[0]]["float8_e4m3fn underflow"]) > 0.5
         for rank in range(WORLD[engine]):
             got = _rows(dump, rank, step)
             assert list(got) == list(want), f"rank {rank} step {step}: other parameters"
             for name, row in want.items():
+                assert list(got[name]) == list(row)
                 assert got[name]["shape"] == row["shape"], f"{name}: the full shape, not the local one"
                 for column, value in row.items():
                     if column in ("param_name", "shape"):
@@ -191,6 +208,12 @@ def test_every_rank_issues_the_same_collectives(runs, engine):
     assert all(c == counts[0] for c in counts), counts
     if engine != "hsdp":  # HSDP's own gradient all-reduce over its replicas is counted too
         assert counts[0].get("all_reduce", 0) == 2 * CHAINS[engine] * jobs.STEPS, counts[0]
+    # the FP8 health columns add one small all-reduce (the counts) per chain and step, on every rank
+    with_fp8 = [v["calls"] for v in runs[f"{engine}_fp8"][1]]
+    assert all(c == with_fp8[0] for c in with_fp8), with_fp8
+    added = with_fp8[0].get("all_reduce", 0) - counts[0].get("all_reduce", 0)
+    assert added == CHAINS[engine] * jobs.STEPS, (with_fp8[0], counts[0])
+    assert [v["losses"] for v in runs[f"{engine}_fp8"][1]] == [v["losses"] for v in values]
 
 
 def test_hsdp_adds_two_small_all_reduces_per_step(runs, tmp_path):

@@ -35,14 +35,14 @@ STAGES = (1, 2, 3)
 WORLD = 2
 #: runs written by the probe, and the reference each must equal
 REFERENCE_OF = {"probed": "single", "two_groups": "two_groups", "clipped": "clipped", "rank1": "single",
-                "attached_first": "single"}
+                "attached_first": "single", "fp8": "fp8"}
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("zero")
     refs = {"single": {}, "two_groups": {"groups": 2}, "clipped": {"clip": jobs.CLIP},
-            "two_groups_clipped": {"groups": 2, "clip": jobs.CLIP}}
+            "two_groups_clipped": {"groups": 2, "clip": jobs.CLIP}, "fp8": {"fp8": jobs.FP8, "outlier": True}}
     for name, kwargs in refs.items():
         jobs.reference(str(root / f"ref_{name}"), **kwargs)
     values = run_ranks(jobs.zero_job, WORLD, (str(root),), timeout=TIMEOUT_S).values
@@ -66,10 +66,15 @@ def test_every_rank_writes_the_full_parameters_figures(runs, stage, run):
     ranks = [1] if run == "rank1" else range(WORLD)
     for step in range(jobs.STEPS):
         want = _rows(ref, 0, step)
+        if run == "fp8":  # the FP8 health columns, compared with the others below
+            assert list(want["l1.weight"])[-4:] == [f"{f} {x}" for f in jobs.FP8 for x in ("underflow", "saturated")]
+            if step == jobs.STEPS - 1:  # the outlier's scale: most of the rest of its gradient underflows
+                assert float(want[jobs.OUTLIER[0]]["float8_e4m3fn underflow"]) > 0.5
         for rank in ranks:
             got = _rows(dump, rank, step)
             assert list(got) == list(want), f"rank {rank} step {step}: other parameters"
             for name, row in want.items():
+                assert list(got[name]) == list(row)
                 assert got[name]["shape"] == row["shape"], f"{name}: the full shape, not the partition's"
                 for column, value in row.items():
                     if column in ("param_name", "shape"):
@@ -143,10 +148,11 @@ def test_every_rank_issues_the_same_collectives_and_training_is_unchanged(runs, 
         assert all(c == counts[0] for c in counts), (name, counts)
     for v in values:
         plain = v[stage]["plain"]
-        for name in ("probed", "rank1", "attached_first"):  # the rank filter's left-out rank still takes part
+        # the rank filter's left-out rank still takes part; FP8 health adds one all-reduce (the counts)
+        for name, per_step in (("probed", 2), ("rank1", 2), ("attached_first", 2), ("fp8", 3)):
             assert v[stage][name]["losses"] == plain["losses"], name  # bit-identical
             added = v[stage][name]["calls"]["all_reduce"] - plain["calls"].get("all_reduce", 0)
-            assert added == 2 * jobs.STEPS, (name, v[stage][name]["calls"], plain["calls"])
+            assert added == per_step * jobs.STEPS, (name, v[stage][name]["calls"], plain["calls"])
             assert {k: n for k, n in v[stage][name]["calls"].items() if k != "all_reduce"} == {
                 k: n for k, n in plain["calls"].items() if k != "all_reduce"}
     reference = jobs.reference(None)  # the ranks' micro-batch losses average to the global one

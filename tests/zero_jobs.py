@@ -3,7 +3,7 @@
 One job trains tests/engines.py's MLP (with its small head) under DeepSpeed ZeRO stages 1, 2 and 3
 in turn, in the same processes (one launch: DeepSpeed's import and start-up are the slow part): per
 stage a run without the probe, one with grad_probe attached as a user attaches it, and optionally
-one with a seeded sign flip. Each run counts the collectives issued through torch.distributed,
+one with a seeded sign flip, or with the FP8 health columns on a gradient with a seeded outlier. Each run counts the collectives issued through torch.distributed,
 DeepSpeed's own included, from before the probe starts.
 
 The environment DeepSpeed needs here is set inside the job: the CPU accelerator, and no
@@ -31,6 +31,11 @@ FLIP = ("l2.weight", 1, 1)  # (parameter, rank, step)
 FAIL = ("l2.weight", 1)
 #: a clipping norm below the gradients' (about 0.13), so that clipping changes them
 CLIP = 0.05
+#: the formats of the run with grad_probe's FP8 health columns on
+FP8 = ["float8_e5m2", "float8_e4m3fn"]
+#: (parameter, value): in that run, at the last step, element 0 of the parameter's gradient is
+#: set to the value (on the rank that holds it): an outlier, at whose scale the rest underflows
+OUTLIER = ("l2.weight", 100.0)
 
 
 def _deepspeed() -> Any:
@@ -55,6 +60,7 @@ RUNS: dict[str, dict[str, Any]] = {
     "rank1": {"ranks": [1]},
     "attached_first": {"attach_first": True},  # the probe attached before deepspeed.initialize
     "slice_fails": {"fail": FAIL},
+    "fp8": {"fp8": FP8, "outlier": True},  # each rank counts its part at the full parameter's amax
 }
 
 
@@ -77,11 +83,12 @@ def param_groups(model: torch.nn.Module, groups: int) -> list[dict[str, Any]]:
             {"params": [p for n, p in named if not n.endswith("weight")], "weight_decay": 0.0}]
 
 
-def reference(dump: str | None, level: str = "L2", groups: int = 1, clip: float | None = None) -> list[float]:
+def reference(dump: str | None, level: str = "L2", groups: int = 1, clip: float | None = None,
+              fp8: list[str] | None = None, outlier: bool = False) -> list[float]:
     """The single-process run DeepSpeed's must equal: the same model, global batch and optimizer
     (and the same clipping, before the step)."""
     model = engines.build("plain", head=True)
-    debugger = _attach(dump, model, level) if dump is not None else None
+    debugger = _attach(dump, model, level, fp8=fp8) if dump is not None else None
     opt = torch.optim.AdamW(param_groups(model, groups), lr=LR)
     losses = []
     try:
@@ -90,6 +97,8 @@ def reference(dump: str | None, level: str = "L2", groups: int = 1, clip: float 
             loss.backward()
             if clip is not None:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            if outlier and step == STEPS - 1:
+                dict(model.named_parameters())[OUTLIER[0]].grad.view(-1)[0] = OUTLIER[1]
             opt.step()
             opt.zero_grad()
             losses.append(float(loss.detach()))
@@ -99,12 +108,15 @@ def reference(dump: str | None, level: str = "L2", groups: int = 1, clip: float 
     return losses
 
 
-def _attach(dump: str, model: torch.nn.Module, level: str, ranks: list[int] | None = None) -> Any:
+def _attach(dump: str, model: torch.nn.Module, level: str, ranks: list[int] | None = None,
+            fp8: list[str] | None = None) -> Any:
     from probes.pytorch import PrecisionDebugger
 
     config: dict[str, Any] = {"task": "grad_probe", "dump_path": dump, "grad_probe": {"grad_level": level}}
     if ranks is not None:
         config["rank"] = ranks
+    if fp8 is not None:
+        config["grad_probe"]["fp8_health"] = fp8
     debugger = PrecisionDebugger(config=config, model=model)
     debugger.monitor(model)
     return debugger
@@ -135,6 +147,26 @@ def _flip_hook(stage: int, engine: Any, model: torch.nn.Module) -> Any:
     return register_optimizer_step_pre_hook(hook)
 
 
+def _outlier_hook(model: torch.nn.Module) -> Any:
+    """A step pre-hook, registered before the probe's, that sets OUTLIER's element in this
+    rank's part of the gradient at the last step, when this rank's part holds it."""
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    from probes.backends import torch_zero
+
+    name, value = OUTLIER
+    p = dict(model.named_parameters())[name]
+    calls = [0]
+
+    def hook(_opt: Any, _args: Any, _kwargs: Any) -> None:
+        step, calls[0] = calls[0], calls[0] + 1
+        part = torch_zero.ZERO_PARAMS.slice(p) if step == STEPS - 1 else None
+        if part is not None and part.index.start == 0 and part.local.numel():
+            part.local.view(-1)[0] = value
+
+    return register_optimizer_step_pre_hook(hook)
+
+
 def _failing_slice(params: Any, broken: torch.Tensor) -> None:
     """Make ``params.slice`` raise for ``broken`` on this rank (undone by removing the attribute)."""
     read = type(params).slice
@@ -149,7 +181,8 @@ def _failing_slice(params: Any, broken: torch.Tensor) -> None:
 
 def _train(deepspeed: Any, stage: int, dump: str | None, level: str, probe: bool = True, flip: bool = False,
            groups: int = 1, clip: float | None = None, ranks: list[int] | None = None,
-           attach_first: bool = False, fail: tuple[str, int] | None = None) -> dict[str, Any]:
+           attach_first: bool = False, fail: tuple[str, int] | None = None,
+           fp8: list[str] | None = None, outlier: bool = False) -> dict[str, Any]:
     import torch.distributed as dist
 
     from probes.backends import torch_zero
@@ -157,16 +190,18 @@ def _train(deepspeed: Any, stage: int, dump: str | None, level: str, probe: bool
     model = engines.build("plain", head=True)
     counter = CollectiveCounter()
     debugger = None
-    flip_handle = None
+    seeded_handle = None
     try:
         if probe and attach_first:
-            debugger = _attach(dump, model, level, ranks)
+            debugger = _attach(dump, model, level, ranks, fp8)
         engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(param_groups(model, groups), lr=LR),
                                           config=ds_config(stage, clip))
         if flip:
-            flip_handle = _flip_hook(stage, engine, model)
+            seeded_handle = _flip_hook(stage, engine, model)
+        if outlier:
+            seeded_handle = _outlier_hook(model)
         if probe and not attach_first:
-            debugger = _attach(dump, model, level, ranks)
+            debugger = _attach(dump, model, level, ranks, fp8)
         if fail is not None and dist.get_rank() == fail[1]:
             _failing_slice(torch_zero.ZERO_PARAMS, dict(model.named_parameters())[fail[0]])
         counter.calls.clear()  # from here on: the steps, DeepSpeed's collectives and the probe's
@@ -180,8 +215,8 @@ def _train(deepspeed: Any, stage: int, dump: str | None, level: str, probe: bool
         calls = counter.restore()
         if debugger is not None:
             debugger.stop()
-        if flip_handle is not None:
-            flip_handle.remove()
+        if seeded_handle is not None:
+            seeded_handle.remove()
         vars(torch_zero.ZERO_PARAMS).pop("slice", None)
     return {"rank": dist.get_rank(), "losses": losses, "calls": calls}
 

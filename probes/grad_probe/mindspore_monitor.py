@@ -12,7 +12,9 @@ parameter *i* of ``optimizer._parameters`` (or ``optimizer.parameters``), named 
 exactly the bytes the PyTorch monitor writes (:mod:`probes.grad_probe.csv_format`: ``param_name``
 header, BOM, CRLF), plus ``rank{R}/summary.json``, so
 :class:`~probes.grad_probe.comparator.GradComparator` compares a MindSpore run with a PyTorch run
-of the same model, and a PyNative run with a graph run.
+of the same model, and a PyNative run with a graph run. ``grad_probe.fp8_health``'s cells are
+PyTorch's formula (:func:`stats.fp8_columns`) on NumPy, MindSpore tensors or inside the graph:
+the same cells for the same gradient (nan in a graph without float64, as PyTorch's without it).
 
 Differences from msprobe 8.3.3:
 
@@ -52,6 +54,7 @@ Differences from msprobe 8.3.3:
 from __future__ import annotations
 
 import logging
+import math
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -92,6 +95,7 @@ class MindSporeGradMonitor(MonitorBase):
     def __init__(self, config: ProbeConfig, optimizer: Any = None, *, names: Any = None) -> None:
         xp.warm_up()
         self._init_common(config)
+        self._fp8_width = len(stats.FP8_HEALTH_FIGURES) * len(self.fp8_formats)
         self._params: list[tuple[str, Any]] = []  # every registered (name, parameter), in order
         self._optimizer: weakref.ref[Any] | None = None
         self._names: list[str] = []  # gradient position i -> name
@@ -130,7 +134,7 @@ class MindSporeGradMonitor(MonitorBase):
             wanted = {n for n, _ in self.selected}
             self._buffers = mindspore_graph.GraphBuffers(
                 [(i, n, p) for i, (n, p) in enumerate(self._params) if n in wanted], self.level, self.bounds,
-                self.histogram, _graph_compute_dtype())
+                self.histogram, _graph_compute_dtype(), self.fp8_formats)
             mindspore_compiled.subscribe(self._compiled_call)
         else:  # the host path alone: calls from Python are recorded, compiled steps are not
             self.graph_unsupported = why_not
@@ -219,10 +223,13 @@ class MindSporeGradMonitor(MonitorBase):
         rank = self.rank or 0
         rows, directions, copies = self._buffers.read()
         records, files = [], []
+        # FP8 health not counted in the graph (a target without float64): nan, as PyTorch's monitor
+        unmeasured = [math.nan] * (self._fp8_width if not self._buffers.fp8_formats else 0)
         for name, shape, row, positive, copy in zip(self._buffers.names, self._buffers.shapes, rows, directions,
                                                     copies):
             md5 = stats.crc32_hex(copy) if copy is not None else None
-            records.append(stats.split_stats(name, shape, row, self.bounds, self.histogram, md5))
+            records.append(stats.split_stats(name, shape, row + unmeasured, self.bounds, self.histogram, md5,
+                                             self._fp8_width))
             if positive is not None:
                 files.append((csv_format.direction_file(self._root, rank, step, name), positive))
         self._compute_dtypes.add(str(self._buffers.compute).lower().replace("mindspore.", ""))
@@ -255,10 +262,9 @@ class MindSporeGradMonitor(MonitorBase):
                     raise TypeError(f"gradient of dtype {g.dtype} is not a real floating-point tensor")
                 host = BACKEND.host_view(g)  # None: the tensor path (see the module docstring)
                 if host is not None:
-                    vec = stats.stat_vector(np_xp, host, self.bounds, self.histogram, dtype=np_xp.float64)
+                    vec = self._figures(np_xp, host)
                 else:
-                    vec = self._op(dtype_name, "statistics", g,
-                                   lambda t: stats.stat_vector(xp, t, self.bounds, self.histogram, dtype=xp.float64))
+                    vec = self._op(dtype_name, "statistics", g, lambda t: self._figures(xp, t))
                 self._compute_dtypes.add("float64")
                 md5 = None
                 if self.level == "L0":
@@ -273,10 +279,20 @@ class MindSporeGradMonitor(MonitorBase):
                 self._record_error(step, name, exc)
         rows = _host_rows([v for _, _, v, _ in pending])
         records = [
-            stats.split_stats(name, shape, row, self.bounds, self.histogram, md5)
+            stats.split_stats(name, shape, row, self.bounds, self.histogram, md5, self._fp8_width)
             for (name, shape, _, md5), row in zip(pending, rows)
         ]
         self._write_step(step, rank, missing, records, directions)
+
+    def _figures(self, ns: Any, g: Any) -> Any:
+        """One gradient's statistics vector, then its FP8 health fractions when asked for: the
+        formulas PyTorch's monitor runs, over NumPy (the host view) or MindSpore (``ns``), so the
+        two frameworks write the same cells for the same gradient."""
+        vec = stats.stat_vector(ns, g, self.bounds, self.histogram, dtype=ns.float64)
+        if not self.fp8_formats:
+            return vec
+        health = stats.fp8_columns(ns, [g], self.fp8_formats, ns.float64)
+        return ns.concat([vec, ns.reshape(health, (-1,))])
 
     def _op(self, dtype_name: str, op: str, g: Any, fn: Any) -> Any:
         """``fn(g)``, or ``fn`` of a float32 upcast when this MindSpore build has no kernel for

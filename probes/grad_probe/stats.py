@@ -125,29 +125,33 @@ FP8_HEALTH_FIGURES = ("underflow", "saturated")
 AMAX_FLOOR = 1e-12
 
 
-def fp8_amax(xp: Any, g: Any, dtype: Any) -> Any:
+def fp8_amax(xp: Any, g: Any, dtype: Any, chunked: bool = True) -> Any:
     """Device 0-d: the largest finite ``|g|`` (0 when there is none), the amax of the FP8 columns.
 
     Finite only, unlike torchao's amax: an infinity there makes the scale 0 and flushes the whole
-    tensor, which would hide what the cast does to the rest; the infinities saturate instead."""
+    tensor, which would hide what the cast does to the rest; the infinities saturate instead.
+    ``chunked=False``: one pass over the whole tensor, for code compiled into a graph (MindSpore's),
+    where the float copy exists anyway and every slice is one more node to compile."""
     best = None
-    flat = xp.reshape(g, (-1,))
-    for start in range(0, math.prod(g.shape), CHUNK_ELEMENTS):
-        a = xp.abs(xp.astype(flat[start : start + CHUNK_ELEMENTS], dtype))
+    n, flat = math.prod(g.shape), xp.reshape(g, (-1,))
+    for start, stop in _spans(n, chunked):
+        a = xp.abs(_piece(xp, flat, start, stop, n, dtype))
         m = xp.max(xp.where(xp.isfinite(a), a, xp.zeros_like(a)))
         best = m if best is None else xp.maximum(best, m)
     return xp.asarray(0.0, dtype=dtype, device=_device(xp, g)) if best is None else best
 
 
-def fp8_counts(xp: Any, g: Any, amax: Any, formats: Sequence[str], dtype: Any) -> Any:
+def fp8_counts(xp: Any, g: Any, amax: Any, formats: Sequence[str], dtype: Any, chunked: bool = True) -> Any:
     """Device vector of counts, ``FP8_HEALTH_FIGURES`` per format, of ``g`` scaled as torchao's
     tensorwise recipe scales it: ``scale = largest value / max(amax, AMAX_FLOOR)`` (probes.core.fp8
-    counts each scaled value). ``amax`` is :func:`fp8_amax` (of the full tensor, for a slice)."""
+    counts each scaled value). ``amax`` is :func:`fp8_amax` (of the full tensor, for a slice);
+    ``chunked`` as there."""
+    floor = xp.maximum(amax, xp.full_like(amax, AMAX_FLOOR))
+    scales = [LARGEST_FINITE[f] / floor for f in formats]
     parts = []
-    flat = xp.reshape(g, (-1,))
-    scales = [LARGEST_FINITE[f] / xp.maximum(amax, xp.full_like(amax, AMAX_FLOOR)) for f in formats]
-    for start in range(0, math.prod(g.shape), CHUNK_ELEMENTS):
-        chunk = xp.astype(flat[start : start + CHUNK_ELEMENTS], dtype)
+    n, flat = math.prod(g.shape), xp.reshape(g, (-1,))
+    for start, stop in _spans(n, chunked):
+        chunk = _piece(xp, flat, start, stop, n, dtype)
         figures = []
         for f, scale in zip(formats, scales):
             use = range_use_figures(xp, chunk * scale, f)  # [saturated, underflowed, flushed, elements]
@@ -158,15 +162,26 @@ def fp8_counts(xp: Any, g: Any, amax: Any, formats: Sequence[str], dtype: Any) -
     return parts[0] if len(parts) == 1 else xp.sum(xp.stack(parts), axis=0)
 
 
-def fp8_columns(xp: Any, grads: Sequence[Any], formats: Sequence[str], dtype: Any) -> Any:
+def fp8_columns(xp: Any, grads: Sequence[Any], formats: Sequence[str], dtype: Any, chunked: bool = True) -> Any:
     """The FP8 health fractions of whole gradients, ``(len(FP8_HEALTH_FIGURES) * len(formats),
     len(grads))``: a column per gradient, to stack under its :func:`stat_columns` (an empty
-    gradient gives 0.0, as its histogram fractions)."""
+    gradient gives 0.0, as its histogram fractions). ``chunked`` as for :func:`fp8_amax`."""
     cols = []
     for g in grads:
-        counts = fp8_counts(xp, g, fp8_amax(xp, g, dtype), formats, dtype)
+        counts = fp8_counts(xp, g, fp8_amax(xp, g, dtype, chunked), formats, dtype, chunked)
         cols.append(counts / float(max(math.prod(g.shape), 1)))
     return xp.stack(cols, axis=1)
+
+
+def _spans(n: int, chunked: bool) -> list[tuple[int, int]]:
+    """[start, stop) of each CHUNK_ELEMENTS piece of ``n`` elements (one piece when not chunked),
+    so a caller holds one float piece at a time."""
+    step = CHUNK_ELEMENTS if chunked else max(n, 1)
+    return [(start, min(start + step, n)) for start in range(0, n, step)]
+
+
+def _piece(xp: Any, flat: Any, start: int, stop: int, n: int, dtype: Any) -> Any:
+    return xp.astype(flat if (start, stop) == (0, n) else flat[start:stop], dtype)
 
 
 #: rows of the summed figures of sharded gradients before the histogram's counts: sum of

@@ -21,31 +21,21 @@ precision: probes/core/dispatch_metrics.py) fails it; "reference" is msprobe's v
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from probes.online_dispatch.mode import OnlineDispatchMode
-from probes.online_dispatch.options import validate
+from probes.online_dispatch.options import SIGNATURE, validate
 
 
 class PtdbgDispatch(OnlineDispatchMode):
     """Context manager: compare every aten op of the enclosed forward or backward pass with the CPU."""
 
-    def __init__(
-        self,
-        dump_mode: str = "OFF",
-        api_list: list[str] | None = None,
-        debug: bool = False,
-        dump_path: str | os.PathLike[str] | None = None,
-        tag: str | None = None,
-        process_num: int = 0,
-        background: bool | str = "auto",
-        rule: str = "both",
-        compiled_first: int = 1,
-        compiled_every: int = 0,
-    ) -> None:
-        super().__init__(validate(dump_mode, api_list, dump_path, tag, process_num, debug, background, rule,
-                                  compiled_first, compiled_every))
+    # The arguments are the table probes.online_dispatch.options.DispatchOptions (msprobe's
+    # names, order and defaults, then ours); __signature__ shows them to help() and IDEs.
+    __signature__ = SIGNATURE
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(validate(*args, **kwargs))
 
     def __repr__(self) -> str:
         o: Any = self.options

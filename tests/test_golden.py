@@ -439,3 +439,43 @@ def test_grad_run_reads_the_plugin_watch_optimizer_folders():
     grad_dump(Path("bad") / "optimizer1", params={"head.w": (5,)}, seed=1, flip=(0, 0, "head.w", 0.2))
     out = check("grad", Path("bad"))
     assert not out.ok and "optimizer1/rank0 head.w: similarity 0.8 < 0.97" in out.message
+
+
+# ---------------------------------------------------------------------------------------------
+# one check routine, the kinds found by task name
+
+
+def test_every_task_has_a_golden_kind():
+    from probes.core.config import TASKS
+    from pytest_msprobe.golden.kinds import KINDS
+
+    assert tuple(KINDS) == TASKS
+    assert [k.name for k in KINDS.values()] == ["free_benchmark", "grad_run", "online_dispatch"]
+    assert all(k.snapshot is not None and k.compare is not None for k in KINDS.values())
+
+
+def test_the_named_checks_are_the_one_check_by_task_name():
+    dump = grad_dump(Path("dump"))
+    s = store(regen=True)
+    s.check("free_benchmark", "fb", apis())
+    s.check("grad_probe", "grad", dump)
+    s.check("online_dispatch", "od", [])
+    now = apis(Functional__softmax={"worst_max_rel": 0.02})
+    assert store().check("free_benchmark", "fb", now).message == store().check_free_benchmark("fb", now).message
+    assert not store().check("free_benchmark", "fb", now).ok and store().check("free_benchmark", "fb", now, margin=2).ok
+    assert store().check("grad_probe", "grad", dump, rtol=0.5).ok and store().check("online_dispatch", "od", []).ok
+    with pytest.raises(ConfigError, match="margin_abs"):  # options are checked before the golden is read
+        store().check("free_benchmark", "missing", apis(), margin_abs=-1)
+    with pytest.raises(TypeError):
+        store().check("online_dispatch", "od", [], margin=1)  # online_dispatch takes no options
+
+
+def test_an_unknown_or_write_only_kind_is_not_checked():
+    from pytest_msprobe.golden.kinds import Kind, csv_bytes
+
+    with pytest.raises(ConfigError, match="free_benchmark, grad_probe, online_dispatch"):
+        store().check("grad_run", "g", Path("dump"))  # the kind's name is not a task name
+    written_only = Kind("notes", lambda rows: {"notes.csv": csv_bytes(["x"], rows)}, lambda folder: None)
+    assert store().write("n", written_only, [[1]]) and Path("golden/n/notes.csv").read_text() == "x\n1\n"
+    with pytest.raises(TypeError, match="'notes' is written, not checked"):
+        store().check(written_only, "n", [[1]])

@@ -23,506 +23,85 @@ order from an arbitrary CSV and aborted the whole run on one missing file or sha
   compatibility), status ``empty``; the rule ignores them. A step whose compared parameters are all
   empty has summary 0 with summary status ``empty``; a step with nothing comparable has an empty
   summary cell and status ``no_data``.
+
+Reading a dump is :mod:`~probes.grad_probe.dump_reader`'s job, one cell's comparison
+:mod:`~probes.grad_probe.cell_compare`'s, the result :mod:`~probes.grad_probe.comparison`'s and the
+output files :mod:`~probes.grad_probe.comparison_writers`'s; this module puts them together.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import re
-import sys
-import time
-from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
 
-import numpy as np
-
-from probes.core.writers import CsvAppender, read_csv_rows, write_json_atomic
-from probes.grad_probe.csv_format import RANK_DIR_RE, SLICES_JSON, SUMMARY_CSV_RE, param_from_file_name
+from probes.grad_probe.cell_compare import compare_arrays, compare_md5
+from probes.grad_probe.comparison import (
+    ABSENT,
+    CELL_STATUSES,
+    EMPTY,
+    MD5_DIFFERS,
+    MD5_EQUAL,
+    MISSING_A,
+    MISSING_B,
+    MODE_DIRECTION,
+    MODE_MD5,
+    NO_DATA,
+    NOT_BOOL,
+    OK,
+    PROBLEMS,
+    RANK_NO_COMMON_STEPS,
+    RANK_OK,
+    RULED,
+    SHAPE_MISMATCH,
+    UNREADABLE,
+    DistributedGradComparison,
+    GradComparison,
+)
+from probes.grad_probe.comparison_writers import (
+    CSV_ENCODING,
+    CSV_NEWLINE,
+    SIMILARITIES_CSV,
+    SUMMARY_JSON,
+    write_plots,
+    write_similarities_csv,
+    write_summary_json,
+)
+from probes.grad_probe.csv_format import SLICES_JSON
 from probes.grad_probe.direction_rule import (
     FIRST_STEP_MIN,
     MAX_DROP,
     SUMMARY_ROW,
-    Flag,
     apply_rule,
     check_thresholds,
-    first_flagged_step,
 )
+from probes.grad_probe.dump_reader import (
+    PathLike,
+    Signs,
+    StepCsv,
+    decoded_name,
+    holds_slices,
+    is_dump_root,
+    rank_dirs,
+    read_step_csv,
+    step_csvs,
+    step_dirs,
+    step_signs,
+)
+from probes.grad_probe.param_names import WRAPPER_PREFIXES, first_params, renamed_csv, wrapper_aliases
+from probes.grad_probe.progress import PROGRESS_MIN_ITEMS, with_progress
 from probes.grad_probe.sharded_directions import Assembled, ShardedRun
 
-log = logging.getLogger("probes.grad_probe.comparator")
-
-PathLike = Union[str, os.PathLike]
-Signs = Union[Path, Assembled]  # a rank's direction file, or a sharded run's reassembled parameter
-
-SIMILARITIES_CSV = "similarities.csv"
-SUMMARY_JSON = "summary.json"
-CSV_ENCODING = "utf-8-sig"
-CSV_NEWLINE = "\r\n"
-
-# cell statuses
-OK = "ok"
-EMPTY = "empty"
-ABSENT = "absent"  # the parameter has no data at this step in either run (grad was None in both)
-MISSING_A = "missing_a"
-MISSING_B = "missing_b"
-SHAPE_MISMATCH = "shape_mismatch"
-NOT_BOOL = "not_bool"
-UNREADABLE = "unreadable"
-MD5_EQUAL = "md5_equal"
-MD5_DIFFERS = "md5_differs"
-CELL_STATUSES = (OK, EMPTY, ABSENT, MISSING_A, MISSING_B, SHAPE_MISMATCH, NOT_BOOL, UNREADABLE, MD5_EQUAL, MD5_DIFFERS)
-# statuses whose similarity the rule reads
-RULED = (OK, MD5_EQUAL, MD5_DIFFERS)
-# statuses that mean the two runs' data could not be compared
-PROBLEMS = (MISSING_A, MISSING_B, SHAPE_MISMATCH, NOT_BOOL, UNREADABLE)
-
-# summary statuses
-NO_DATA = "no_data"
-
-# rank statuses
-RANK_OK = "ok"
-RANK_NO_COMMON_STEPS = "no_common_steps"
-
-MODE_DIRECTION = "direction"
-MODE_MD5 = "md5"
-
-_STEP_RE = re.compile(r"^step(\d+)$")
-_PARAM_COLUMNS = ("param_name", "Param_name")
-_SHAPE_COLUMNS = ("shape", "Shape")
-_MD5_COLUMN = "MD5"
-PROGRESS_MIN_ITEMS = 200
-
-
-# ---------------------------------------------------------------------------------------------
-# results
-
-
-@dataclass
-class GradComparison:
-    """One rank's comparison. ``similarity[param][step]`` is None where ``status`` is not comparable.
-
-    Only the two folders are required: the comparator starts from an empty result and fills it
-    in, and a caller building one by hand names each field it sets.
-    """
-
-    dir_a: str
-    dir_b: str
-    out: str | None = None
-    steps: list[int] = field(default_factory=list)
-    params: list[str] = field(default_factory=list)
-    similarity: dict[str, dict[int, float | None]] = field(default_factory=dict)
-    status: dict[str, dict[int, str]] = field(default_factory=dict)
-    summary: dict[int, float | None] = field(default_factory=dict)
-    flags: list[Flag] = field(default_factory=list)
-    summary_status: dict[int, str] = field(default_factory=dict)
-    counts: dict[str, dict[int, tuple[int, int]]] = field(default_factory=dict)
-    mode: dict[int, str] = field(default_factory=dict)
-    row_names: dict[str, str] = field(default_factory=dict)
-    steps_only_a: list[int] = field(default_factory=list)
-    steps_only_b: list[int] = field(default_factory=list)
-    first_step_min: float = FIRST_STEP_MIN
-    max_drop: float = MAX_DROP
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def state(self) -> str:
-        return RANK_OK if self.steps else RANK_NO_COMMON_STEPS
-
-    def first_flagged_step(self) -> int | None:
-        return first_flagged_step(self.flags)
-
-    def problems(self) -> list[tuple[str, int, str]]:
-        """(row name, step, status) of every cell whose data could not be compared."""
-        return [(self.row_names.get(p, p), s, self.status[p][s]) for s in self.steps for p in self.params
-                if self.status[p][s] in PROBLEMS]
-
-    def param_of_row(self, row: str) -> str | None:
-        for p, r in self.row_names.items():
-            if r == row:
-                return p
-        return None
-
-    @property
-    def ok(self) -> bool:
-        """Something was compared, nothing is flagged, every cell was comparable and both runs have
-        the same steps."""
-        return (bool(self.steps) and not self.flags and not self.problems() and not self.steps_only_a
-                and not self.steps_only_b)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "dir_a": self.dir_a, "dir_b": self.dir_b, "out": self.out, "state": self.state,
-            "steps": self.steps, "steps_only_a": self.steps_only_a, "steps_only_b": self.steps_only_b,
-            "mode": {str(s): m for s, m in self.mode.items()},
-            "first_step_min": self.first_step_min, "max_drop": self.max_drop,
-            "first_flagged_step": self.first_flagged_step(),
-            "flags": [f.to_dict() for f in self.flags],
-            "summary": [self.summary.get(s) for s in self.steps],
-            "summary_status": [self.summary_status.get(s) for s in self.steps],
-            "params": [{"name": p, "row": self.row_names.get(p, p),
-                        "similarity": [self.similarity[p][s] for s in self.steps],
-                        "status": [self.status[p][s] for s in self.steps]} for p in self.params],
-            "problems": [list(x) for x in self.problems()],
-            "notes": self.notes,
-        }
-
-
-class DistributedGradComparison(dict):
-    """rank -> GradComparison for the ranks found in both runs, plus ``rank_status`` for all ranks."""
-
-    def __init__(self, out: str | None = None) -> None:
-        super().__init__()
-        self.out = out
-        self.rank_status: dict[int, str] = {}
-
-    @property
-    def flags(self) -> list[tuple[int, Flag]]:
-        return sorted(((r, f) for r, res in self.items() for f in res.flags), key=lambda x: (x[1].step, x[0]))
-
-    def first_flagged_step(self) -> int | None:
-        return min((f.step for _, f in self.flags), default=None)
-
-    @property
-    def ok(self) -> bool:
-        return (bool(self.rank_status) and all(s == RANK_OK for s in self.rank_status.values())
-                and all(res.ok for res in self.values()))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"out": self.out, "rank_status": {f"rank{r}": s for r, s in sorted(self.rank_status.items())},
-                "first_flagged_step": self.first_flagged_step(),
-                "ranks": {f"rank{r}": {"state": res.state, "first_flagged_step": res.first_flagged_step(),
-                                       "flags": [f.to_dict() for f in res.flags],
-                                       "problems": [list(x) for x in res.problems()],
-                                       "out": res.out} for r, res in sorted(self.items())}}
-
-
-# ---------------------------------------------------------------------------------------------
-# progress
-
-
-def _progress(iterable: Iterable, total: int, desc: str, enabled: bool | None = None):
-    """tqdm when installed, else a stderr counter; only for long runs on a terminal (or when asked)."""
-    if enabled is None:
-        enabled = total >= PROGRESS_MIN_ITEMS and sys.stderr.isatty()
-    if not enabled:
-        return iterable
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return _counter(iterable, total, desc)
-    return tqdm(iterable, total=total, desc=desc)
-
-
-def _counter(iterable: Iterable, total: int, desc: str):
-    last = 0.0
-    i = 0
-    for i, item in enumerate(iterable, 1):
-        yield item
-        now = time.monotonic()
-        if now - last > 0.5 and i < total:
-            sys.stderr.write(f"\r{desc}: {i}/{total}")
-            sys.stderr.flush()
-            last = now
-    sys.stderr.write(f"\r{desc}: {i}/{total}\n")
-
-
-# ---------------------------------------------------------------------------------------------
-# reading a rank folder (read-only)
-
-
-def _entries(directory: Path) -> list[os.DirEntry]:
-    """A folder's entries in name order; an unreadable folder reads as empty."""
-    try:
-        return sorted(os.scandir(directory), key=lambda e: e.name)
-    except OSError:
-        return []
-
-
-def _numbered(directory: Path, pattern: re.Pattern, want_dir: bool, canonical: str) -> dict[int, Path]:
-    """{n: path} for entries matching pattern; the canonical spelling (rank1) wins over rank01."""
-    found: dict[int, Path] = {}
-    for entry in _entries(directory):
-        m = pattern.match(entry.name)
-        if not m:
-            continue
-        try:
-            is_dir = entry.is_dir()
-        except OSError:
-            continue
-        if is_dir != want_dir:
-            continue
-        n = int(m.group(1))
-        if n not in found or entry.name == canonical.format(n):
-            found[n] = Path(entry.path)
-    return found
-
-
-def rank_dirs(p: Path) -> dict[int, Path]:
-    return _numbered(p, RANK_DIR_RE, True, "rank{}")
-
-
-def step_dirs(p: Path) -> dict[int, Path]:
-    return _numbered(p, _STEP_RE, True, "step{}")
-
-
-def step_csvs(p: Path) -> dict[int, Path]:
-    return _numbered(p, SUMMARY_CSV_RE, False, "grad_summary_{}.csv")
-
-
-def is_dump_root(path: PathLike) -> bool:
-    """True for a folder holding rank{R} folders and no grad_summary CSV / step folder of its own."""
-    p = Path(path)
-    if step_csvs(p) or step_dirs(p):
-        return False
-    return bool(rank_dirs(p))
-
-
-@dataclass
-class _StepCsv:
-    params: list[str]
-    md5: dict[str, str] | None
-    shape: dict[str, str]
-
-
-def _read_step_csv(path: Path | None) -> _StepCsv | None:
-    if path is None:
-        return None
-    try:
-        rows = read_csv_rows(path)
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        log.warning("cannot read %s: %s", path, exc)
-        return None
-    if not rows:
-        return _StepCsv([], None, {})
-    keys = rows[0].keys()
-    pcol = next((c for c in _PARAM_COLUMNS if c in keys), None)
-    if pcol is None:
-        log.warning("%s has no param_name column; ignored", path)
-        return None
-    scol = next((c for c in _SHAPE_COLUMNS if c in keys), None)
-    has_md5 = _MD5_COLUMN in keys
-    params: list[str] = []
-    seen: set[str] = set()
-    md5: dict[str, str] = {}
-    shape: dict[str, str] = {}
-    for row in rows:
-        name = row.get(pcol)
-        if name is None or name in seen:
-            continue
-        params.append(name)
-        seen.add(name)
-        if has_md5:
-            md5[name] = (row.get(_MD5_COLUMN) or "").strip().lower()
-        shape[name] = (row.get(scol) or "").strip() if scol else ""
-    return _StepCsv(params, md5 if has_md5 else None, shape)
-
-
-def _decoded(stem: str) -> str:
-    try:
-        return param_from_file_name(stem)
-    except UnicodeDecodeError:  # not one of ours: keep the stem as the name
-        return stem
-
-
-def _npy_files(step_dir: Path | None) -> dict[str, Path]:
-    """{param name: .npy path}. Names are the file stems verbatim; a percent-encoded stem also
-    answers to its decoded name when that does not clash. Other suffixes (``.pt``) are ignored."""
-    if step_dir is None:
-        return {}
-    files: dict[str, Path] = {}
-    decoded: dict[str, Path] = {}
-    for entry in _entries(step_dir):
-        if not entry.name.endswith(".npy") or not entry.is_file():
-            continue
-        stem = entry.name[:-4]
-        files[stem] = Path(entry.path)
-        if "%" in stem:
-            decoded.setdefault(_decoded(stem), Path(entry.path))
-    for name, path in decoded.items():
-        files.setdefault(name, path)
-    return files
-
-
-#: module names that wrappers put in front of a model's own parameter names
-WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
-_WRAPPER_PARTS = frozenset(p.rstrip(".") for p in WRAPPER_PREFIXES)
-
-
-def _unwrapped(name: str) -> str:
-    """The name without wrapper components (``module.l1.weight`` -> ``l1.weight``; a component
-    that merely contains one, ``submodule``, stays)."""
-    *modules, leaf = name.split(".")
-    return ".".join([p for p in modules if p not in _WRAPPER_PARTS] + [leaf])
-
-
-def _wrapper_aliases(names_a: list[str], names_b: list[str]) -> dict[str, str]:
-    """{name in run b: name in run a} for parameters whose names differ only by wrapper prefixes,
-    when that pairs them one to one (otherwise nothing is renamed)."""
-    only_a, only_b = set(names_a) - set(names_b), set(names_b) - set(names_a)
-    if not only_a or not only_b:
-        return {}
-    by_a = {_unwrapped(n): n for n in only_a}
-    by_b = {_unwrapped(n): n for n in only_b}
-    if len(by_a) != len(only_a) or len(by_b) != len(only_b):
-        return {}
-    return {n: by_a[_unwrapped(n)] for n in names_b if n in only_b and _unwrapped(n) in by_a}
-
-
-def _first_params(step_csv: Any, side: str, steps: list[int]) -> list[str]:
-    for n in steps:
-        c = step_csv(side, n)
-        if c is not None and c.params:
-            return c.params
-    return []
-
-
-def _renamed_csv(c: _StepCsv | None, aliases: dict[str, str]) -> _StepCsv | None:
-    if c is None:
-        return None
-    return _StepCsv([aliases.get(p, p) for p in c.params],
-                    None if c.md5 is None else {aliases.get(p, p): v for p, v in c.md5.items()},
-                    {aliases.get(p, p): v for p, v in c.shape.items()})
-
-
-def _step_signs(step_dir: Path | None, run: ShardedRun | None, step: int) -> dict[str, Signs]:
-    """{param: signs} of one rank's step: its direction files, with the sharded parameters' slices
-    replaced by the full parameters reassembled from every rank."""
-    files: dict[str, Signs] = dict(_npy_files(step_dir))
-    if run is not None:
-        for param in run.params(step):
-            files[param] = run.assembled(step, param)
-    return files
-
-
-def _numel(shape_text: str) -> int | None:
-    text = shape_text.strip()
-    if not (text.startswith("[") and text.endswith("]")):
-        return None
-    inner = text[1:-1].strip()
-    if not inner:
-        return 1
-    dims = re.findall(r"-?\d+", inner)
-    if not dims:
-        return None
-    return int(np.prod([int(d) for d in dims], dtype=np.int64))
-
-
-def _load(path: Path) -> np.ndarray | None:
-    try:
-        return np.load(path, allow_pickle=False)
-    except (OSError, ValueError, EOFError) as exc:
-        log.warning("cannot load %s: %s", path, exc)
-        return None
-
-
-def _signs(source: Signs) -> tuple[Any, Any]:
-    """(signs, the mask of elements held or None for all) of a direction file or a reassembled
-    sharded parameter; (None, None) when unreadable."""
-    if isinstance(source, Assembled):
-        got = source.load()
-        return (None, None) if got is None else got
-    return _load(source), None
-
-
-def _compare_arrays(pa: Signs | None, pb: Signs | None) -> tuple[str, int, int]:
-    """(status, same, total) for one parameter at one step. With a sharded run on either side,
-    only the elements both runs hold count (all of them, unless slices are missing)."""
-    if pa is None and pb is None:
-        return ABSENT, 0, 0
-    if pa is None:
-        return MISSING_A, 0, 0
-    if pb is None:
-        return MISSING_B, 0, 0
-    (a, held_a), (b, held_b) = _signs(pa), _signs(pb)
-    if a is None or b is None or not isinstance(a, np.ndarray) or not isinstance(b, np.ndarray):
-        return UNREADABLE, 0, 0
-    if a.shape != b.shape:
-        return SHAPE_MISMATCH, 0, 0
-    if a.dtype != np.bool_ or b.dtype != np.bool_:
-        return NOT_BOOL, 0, 0
-    if held_a is not None or held_b is not None:
-        held = held_a if held_b is None else held_b if held_a is None else held_a & held_b
-        total = int(np.count_nonzero(held))
-        if total == 0:
-            return (EMPTY, 0, 0) if a.size == 0 else (MISSING_A if held_a is not None and not held_a.any() else
-                                                       MISSING_B, 0, 0)
-        return OK, int(np.count_nonzero((a == b) & held)), total
-    total = int(a.size)
-    if total == 0:
-        return EMPTY, 0, 0
-    same = int(np.count_nonzero(a == b))
-    return OK, same, total
-
-
-def _compare_md5(name: str, ca: _StepCsv, cb: _StepCsv) -> tuple[str, int, int]:
-    in_a = name in ca.md5
-    in_b = name in cb.md5
-    if not in_a and not in_b:
-        return ABSENT, 0, 0
-    if not in_a:
-        return MISSING_A, 0, 0
-    if not in_b:
-        return MISSING_B, 0, 0
-    ha, hb = ca.md5[name], cb.md5[name]
-    if not ha or not hb:
-        return UNREADABLE, 0, 0
-    sa, sb = ca.shape.get(name, ""), cb.shape.get(name, "")
-    na, nb = _numel(sa), _numel(sb)
-    if sa and sb and (na, sa.replace(" ", "")) != (nb, sb.replace(" ", "")):
-        return SHAPE_MISMATCH, 0, 0
-    weight = na if na is not None else 1
-    return (MD5_EQUAL, weight, weight) if ha == hb else (MD5_DIFFERS, 0, weight)
-
-
-# ---------------------------------------------------------------------------------------------
-# writing
-
-
-def _cell(value: float | None, status: str) -> Any:
-    if value is None:
-        return None
-    if status == EMPTY:
-        return 0  # msprobe writes the int 0 when nothing was counted
-    return float(value)
-
-
-def _write_csv(out: Path, res: GradComparison) -> Path:
-    path = out / SIMILARITIES_CSV
-    if path.exists():
-        log.warning("%s exists and will be replaced", path)
-        path.unlink()
-    writer = CsvAppender(path, ["step", *map(str, res.steps)], encoding=CSV_ENCODING, newline=CSV_NEWLINE)
-    for p in res.params:
-        writer.add([res.row_names[p], *(_cell(res.similarity[p][s], res.status[p][s]) for s in res.steps)])
-    writer.add([SUMMARY_ROW, *(_cell(res.summary[s], res.summary_status[s]) for s in res.steps)])
-    writer.flush()
-    return path
-
-
-def _write_plots(out: Path, res: GradComparison, progress: bool | None) -> None:
-    try:
-        from probes.grad_probe.plots import plot_similarities
-    except ImportError as exc:  # pragma: no cover - plots.py itself imports nothing heavy
-        res.notes.append(f"plots skipped: {exc}")
-        return
-    rows = {res.row_names[p]: [res.similarity[p][s] for s in res.steps] for p in res.params}
-    rows[SUMMARY_ROW] = [res.summary[s] for s in res.steps]
-    flagged: dict[str, set[int]] = {}
-    for f in res.flags:
-        flagged.setdefault(f.param, set()).add(f.step)
-    try:
-        plot_similarities(out, res.steps, rows, threshold=res.first_step_min, flagged=flagged,
-                          progress=lambda it, n, d: _progress(it, n, d, progress))
-    except ImportError as exc:
-        log.warning("matplotlib is not installed; similarities_picture/ not written (%s)", exc)
-        res.notes.append("plots skipped: matplotlib is not installed")
-
-
-# ---------------------------------------------------------------------------------------------
-# the comparator
+# what callers imported from here before the reader, the results and the writers had modules of
+# their own; the comparator itself is GradComparator and compare_rank below
+__all__ = [
+    "ABSENT", "CELL_STATUSES", "CSV_ENCODING", "CSV_NEWLINE", "EMPTY", "MD5_DIFFERS", "MD5_EQUAL", "MISSING_A",
+    "MISSING_B", "MODE_DIRECTION", "MODE_MD5", "NOT_BOOL", "NO_DATA", "OK", "PROBLEMS", "PROGRESS_MIN_ITEMS",
+    "RANK_NO_COMMON_STEPS", "RANK_OK", "RULED", "SHAPE_MISMATCH", "SIMILARITIES_CSV", "SUMMARY_JSON", "UNREADABLE",
+    "WRAPPER_PREFIXES", "DistributedGradComparison", "GradComparator", "GradComparison", "PathLike", "Signs",
+    "compare_rank", "is_dump_root", "rank_dirs", "step_csvs", "step_dirs", "wrapper_aliases",
+]
+
+#: the old private name of :func:`probes.grad_probe.param_names.wrapper_aliases`, for callers that used it
+_wrapper_aliases = wrapper_aliases
 
 
 def _check_input(label: str, path: PathLike) -> Path:
@@ -548,8 +127,8 @@ class GradComparator:
         check_thresholds(first_step_min, max_drop)
         a = _check_input("path1", path1)
         b = _check_input("path2", path2)
-        res = _compare_rank(a, b, first_step_min, max_drop, progress, sharded)
-        if sharded == (None, None) and any(_holds_slices(p) for p in (a, b)):
+        res = compare_rank(a, b, first_step_min, max_drop, progress, sharded)
+        if sharded == (None, None) and any(holds_slices(p) for p in (a, b)):
             res.notes.append(f"a run's direction files hold one rank's slices of sharded parameters ({SLICES_JSON}): "
                              "compare the dump roots with compare_distributed, which reassembles them")
         if output_dir is not None:
@@ -557,10 +136,10 @@ class GradComparator:
             out.mkdir(parents=True, exist_ok=True)
             res.out = str(out)
             if res.steps:
-                _write_csv(out, res)
+                write_similarities_csv(out, res)
                 if plots:
-                    _write_plots(out, res, progress)
-            write_json_atomic(out / SUMMARY_JSON, res.to_dict())
+                    write_plots(out, res, progress)
+            write_summary_json(out, res)
         return res
 
     @staticmethod
@@ -583,7 +162,7 @@ class GradComparator:
         result = DistributedGradComparison(out=str(out) if out is not None else None)
         sharded = (ShardedRun.of(ranks_a, step_dirs), ShardedRun.of(ranks_b, step_dirs))
         ranks = sorted(set(ranks_a) | set(ranks_b))
-        for rank in _progress(ranks, len(ranks), "rank", progress if len(ranks) > 1 else False):
+        for rank in with_progress(ranks, len(ranks), "rank", progress if len(ranks) > 1 else False):
             if rank not in ranks_a:
                 result.rank_status[rank] = MISSING_A
                 continue
@@ -598,16 +177,15 @@ class GradComparator:
             result[rank] = res
             result.rank_status[rank] = res.state
         if out is not None:
-            write_json_atomic(out / SUMMARY_JSON, result.to_dict())
+            write_summary_json(out, result)
         return result
 
 
-def _holds_slices(rank_dir: Path) -> bool:
-    return any((d / SLICES_JSON).is_file() for d in step_dirs(rank_dir).values())
-
-
-def _compare_rank(a: Path, b: Path, first_step_min: float, max_drop: float, progress: bool | None,
-                  sharded: tuple[ShardedRun | None, ShardedRun | None] = (None, None)) -> GradComparison:
+def compare_rank(a: Path, b: Path, first_step_min: float, max_drop: float, progress: bool | None,
+                 sharded: tuple[ShardedRun | None, ShardedRun | None] = (None, None)) -> GradComparison:
+    """Two rank folders compared cell by cell, without writing anything: which steps compare and
+    how (direction files, else L0 hashes), the parameter order and row names, every cell's status,
+    the step summaries and the rule's flags."""
     dirs_a: dict[int, Path | None] = dict(step_dirs(a))
     dirs_b: dict[int, Path | None] = dict(step_dirs(b))
     for dirs, run in zip((dirs_a, dirs_b), sharded):
@@ -617,12 +195,12 @@ def _compare_rank(a: Path, b: Path, first_step_min: float, max_drop: float, prog
     res = GradComparison(dir_a=str(a), dir_b=str(b), first_step_min=first_step_min, max_drop=max_drop)
     # which steps can be compared, and how
     candidates = sorted(set(dirs_a) | set(dirs_b) | set(csvs_a) | set(csvs_b))
-    csv_cache: dict[tuple[str, int], _StepCsv | None] = {}
+    csv_cache: dict[tuple[str, int], StepCsv | None] = {}
 
-    def step_csv(side: str, n: int) -> _StepCsv | None:
+    def step_csv(side: str, n: int) -> StepCsv | None:
         key = (side, n)
         if key not in csv_cache:
-            csv_cache[key] = _read_step_csv((csvs_a if side == "a" else csvs_b).get(n))
+            csv_cache[key] = read_step_csv((csvs_a if side == "a" else csvs_b).get(n))
         return csv_cache[key]
 
     only_a, only_b = [], []
@@ -656,10 +234,10 @@ def _compare_rank(a: Path, b: Path, first_step_min: float, max_drop: float, prog
     # parameter order: the lowest common step's CSV (a, else b), then everything else sorted
     # the same parameter under another wrapper (DDP's "module.", torch.compile's "_orig_mod."):
     # run b's names are read as run a's
-    aliases = _wrapper_aliases(_first_params(step_csv, "a", res.steps), _first_params(step_csv, "b", res.steps))
+    aliases = wrapper_aliases(first_params(step_csv, "a", res.steps), first_params(step_csv, "b", res.steps))
     if aliases:
         for n in res.steps:
-            csv_cache[("b", n)] = _renamed_csv(step_csv("b", n), aliases)
+            csv_cache[("b", n)] = renamed_csv(step_csv("b", n), aliases)
         sample = ", ".join(f"{b_name} as {a_name}" for b_name, a_name in list(aliases.items())[:2])
         res.notes.append(f"{len(aliases)} parameters of run b matched to run a's names across a wrapper prefix "
                          f"({sample}{', ...' if len(aliases) > 2 else ''})")
@@ -674,14 +252,14 @@ def _compare_rank(a: Path, b: Path, first_step_min: float, max_drop: float, prog
     extra: set[str] = set()
     for n in res.steps:
         if res.mode[n] == MODE_DIRECTION:
-            fa, fb = _step_signs(dirs_a[n], sharded[0], n), _step_signs(dirs_b[n], sharded[1], n)
+            fa, fb = step_signs(dirs_a[n], sharded[0], n), step_signs(dirs_b[n], sharded[1], n)
             stems = {path.name[:-4] for path in (*fa.values(), *fb.values()) if isinstance(path, Path)}
             stems |= {k for side in (fa, fb) for k, v in side.items() if isinstance(v, Assembled)}
             if aliases:
-                fb = {aliases.get(_decoded(k), k): v for k, v in fb.items()}
-                stems = {aliases.get(_decoded(k), k) for k in stems}
+                fb = {aliases.get(decoded_name(k), k): v for k, v in fb.items()}
+                stems = {aliases.get(decoded_name(k), k) for k in stems}
             files[n] = (fa, fb)
-            extra.update(k for k in stems if k not in seen and _decoded(k) not in seen)
+            extra.update(k for k in stems if k not in seen and decoded_name(k) not in seen)
         else:
             for side in ("a", "b"):
                 c = step_csv(side, n)
@@ -705,12 +283,12 @@ def _compare_rank(a: Path, b: Path, first_step_min: float, max_drop: float, prog
         res.similarity[p], res.status[p], res.counts[p] = {}, {}, {}
     work = [(n, p) for n in res.steps for p in params]
     sums: dict[int, list[int]] = {n: [0, 0, 0] for n in res.steps}  # same, total, compared cells
-    for n, p in _progress(work, len(work), "calculate similarities (by step)", progress):
+    for n, p in with_progress(work, len(work), "calculate similarities (by step)", progress):
         if res.mode[n] == MODE_DIRECTION:
             fa, fb = files[n]
-            status, same, total = _compare_arrays(fa.get(p), fb.get(p))
+            status, same, total = compare_arrays(fa.get(p), fb.get(p))
         else:
-            status, same, total = _compare_md5(p, step_csv("a", n), step_csv("b", n))
+            status, same, total = compare_md5(p, step_csv("a", n), step_csv("b", n))
         res.status[p][n] = status
         if status in RULED or status == EMPTY:
             if status == MD5_EQUAL or status == MD5_DIFFERS:

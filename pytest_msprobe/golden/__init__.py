@@ -1,8 +1,9 @@
 """Golden-file regression: compare a run's precision results with ones stored under ``golden/``.
 
-store.py holds the shared check routine and GoldenStore, kinds.py the three kinds of golden
-(free_benchmark, grad_run, online_dispatch) and checks.py what the plugin compares with what;
-the API precision catalogue adds its own kind (pytest_msprobe.catalogue.gate).
+store.py holds GoldenStore and the one check routine every kind goes through, kinds/ the kinds
+of golden one module each (free_benchmark, grad_run, online_dispatch) with the registry that
+finds a task's kind, and checks.py what the plugin compares with what; the API precision
+catalogue adds its own kind (pytest_msprobe.catalogue.gate).
 ``from pytest_msprobe.golden import GoldenStore`` keeps working as before the package existed.
 """
 

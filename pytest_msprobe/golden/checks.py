@@ -47,21 +47,27 @@ def default_name(item: pytest.Item) -> str:
     return re.sub(r"[^A-Za-z0-9._/-]+", "_", f"{module}/{item.name}").strip("_")
 
 
-def check_run(store: GoldenStore, name: str, run: Any) -> GoldenOutcome:
-    """One tool run (a fixture's run object, a grad_probe dump path, or failing ops) against golden `name`."""
-    from pytest_msprobe.tool_runs import FreeBenchmarkRun, GradProbeRun
+def run_result(run: Any) -> tuple[str, Any]:
+    """(task, what its golden kind reads) of a fixture's run object, a grad_probe dump path, or
+    failing ops (a list, or anything with a ``failing_ops`` list)."""
+    from pytest_msprobe.tools import TOOLS
+    from pytest_msprobe.tools.base import ToolRun
 
-    if isinstance(run, FreeBenchmarkRun):
-        return store.check_free_benchmark(name, run.summary.get("apis", {}))
-    if isinstance(run, GradProbeRun):
-        return store.check_grad_run(name, run.dump_path)
+    if isinstance(run, ToolRun) and run.tool in TOOLS:  # what its golden kind reads: the tool's descriptor says
+        return run.tool, TOOLS[run.tool].run_golden_input(run)
     if isinstance(run, (str, Path)):
-        return store.check_grad_run(name, run)
+        return "grad_probe", run
     failing = getattr(run, "failing_ops", run)
     if isinstance(failing, list):
-        return store.check_online_dispatch(name, failing)
+        return "online_dispatch", failing
     raise TypeError(f"msprobe_golden.check() takes a free_benchmark/grad_probe/online_dispatch run, a grad_probe "
                     f"dump path or a list of failing ops; got {type(run).__name__}")
+
+
+def check_run(store: GoldenStore, name: str, run: Any) -> GoldenOutcome:
+    """One tool run (a fixture's run object, a grad_probe dump path, or failing ops) against golden `name`."""
+    task, result = run_result(run)
+    return store.check(task, name, result)
 
 
 def check_marked_test(item: pytest.Item, mark: pytest.Mark, options: Any, suite: tuple | None,
@@ -69,41 +75,31 @@ def check_marked_test(item: pytest.Item, mark: pytest.Mark, options: Any, suite:
     """@pytest.mark.msprobe_golden(name): the whole-suite result and every fixture run of the test.
     Several results get `name/<tool><k>` (`name/suite` for the whole-suite one); a single one, `name`."""
     name = mark.args[0] if mark.args else default_name(item)
-    targets: list[tuple[str, Any, Any]] = []  # (suffix, kind, payload)
+    targets: list[tuple[str, str, Any]] = []  # (suffix, task, result)
     if suite is not None:
+        from pytest_msprobe.tools import TOOLS
+
         task, outcome, dump = suite
-        if task == "free_benchmark":
-            targets.append(("suite", "apis", outcome["apis"]))
-        elif task == "grad_probe":
-            targets.append(("suite", "grad", dump))
-        else:
-            targets.append(("suite", "ops", outcome["failing_ops"]))
+        targets.append(("suite", task, TOOLS[task].golden_input(outcome, dump)))
     for tool, runs in fixture_runs:
         for k, run in enumerate(runs):
-            targets.append((f"{tool}{k}", "run", run))
+            targets.append((f"{tool}{k}", *run_result(run)))
     if not targets:
         return [f"@pytest.mark.msprobe_golden({name!r}): the test produced no probe result to compare; run it under "
                 "--msprobe-task or use the free_benchmark / grad_probe / online_dispatch fixtures"]
     store = store_for(options)
     failures = []
-    for suffix, kind, payload in targets:
+    for suffix, task, result in targets:
         golden_name = name if len(targets) == 1 else f"{name}/{suffix}"
-        if kind == "apis":
-            outcome = store.check_free_benchmark(golden_name, payload)
-        elif kind == "grad":
-            outcome = store.check_grad_run(golden_name, payload)
-        elif kind == "ops":
-            outcome = store.check_online_dispatch(golden_name, payload)
-        else:
-            outcome = check_run(store, golden_name, payload)
-        item.user_properties.append((f"msprobe_golden:{golden_name}", "regenerated" if outcome.regenerated
-                                     else "ok" if outcome.ok else "regressed"))
+        checked = store.check(task, golden_name, result)
+        item.user_properties.append((f"msprobe_golden:{golden_name}", "regenerated" if checked.regenerated
+                                     else "ok" if checked.ok else "regressed"))
         if suite is not None:
-            similarities = report_similarities(golden_name, outcome)
+            similarities = report_similarities(golden_name, checked)
             if similarities:
                 suite[1].setdefault("similarities", {}).update(similarities)
-        if not outcome.ok:
-            failures.append(outcome.message)
+        if not checked.ok:
+            failures.append(checked.message)
     return failures
 
 

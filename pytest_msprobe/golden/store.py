@@ -102,37 +102,36 @@ class GoldenStore:
     def folder(self, name: str) -> Path:
         return self.root / validate_name(name)
 
-    # -- the three kinds -------------------------------------------------------------------
+    # -- the kinds, one line each: what users call ----------------------------------------
     def check_free_benchmark(self, name: str, apis: dict[str, Any], margin: float = kinds.FB_MARGIN,
                              margin_abs: float = kinds.FB_MARGIN_ABS) -> GoldenOutcome:
-        """Per-API worst max_rel against the golden's (rule: :func:`golden_kinds.fb_bound`)."""
-        _non_negative("margin", margin)
-        _non_negative("margin_abs", margin_abs)
-        snapshot = kinds.fb_snapshot(apis)
-        return self._check(name, kinds.FREE_BENCHMARK, snapshot,
-                           lambda golden: kinds.fb_compare(golden, snapshot, margin, margin_abs))
+        """Per-API worst max_rel against the golden's (rule: :func:`pytest_msprobe.golden.kinds.fb_bound`)."""
+        return self.check("free_benchmark", name, apis, margin=margin, margin_abs=margin_abs)
 
     def check_grad_run(self, name: str, dump_dir: PathLike, first_step_min: float = kinds.FIRST_STEP_MIN,
                        max_drop: float = kinds.MAX_DROP, rtol: float = kinds.GRAD_RTOL,
                        atol: float = kinds.GRAD_ATOL) -> GoldenOutcome:
         """A grad_probe dump (rank folder or dump root, every rank) against the golden run: gradient
         directions by the 0.97/0.03 rule, max/min/norm within ``atol + rtol * |golden|``."""
-        _non_negative("rtol", rtol)
-        _non_negative("atol", atol)
-        for key, value in (("first_step_min", first_step_min), ("max_drop", max_drop)):
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value <= 1.0:
-                raise ConfigError(key, value, "a number in [0, 1]")
-        snapshot = kinds.grad_snapshot(dump_dir)
-        return self._check(name, kinds.GRAD_RUN, snapshot,
-                           lambda golden: kinds.grad_compare(golden, snapshot, first_step_min, max_drop, rtol, atol))
+        return self.check("grad_probe", name, dump_dir, first_step_min=first_step_min, max_drop=max_drop, rtol=rtol,
+                          atol=atol)
 
     def check_online_dispatch(self, name: str, failing_ops: list[dict[str, Any]]) -> GoldenOutcome:
         """Failing ops against the golden's: a failing op the golden does not list fails."""
-        snapshot = kinds.od_snapshot(failing_ops)
-        return self._check(name, kinds.ONLINE_DISPATCH, snapshot, lambda golden: kinds.od_compare(golden, snapshot))
+        return self.check("online_dispatch", name, failing_ops)
 
     # -- the shared routine ----------------------------------------------------------------
-    def _check(self, name: str, kind: kinds.Kind, snapshot: Any, compare: Any) -> GoldenOutcome:
+    def check(self, kind: str | kinds.Kind, name: str, result: Any, **options: Any) -> GoldenOutcome:
+        """`result` (what the kind's snapshot reads: a free_benchmark ``apis`` dict, a grad_probe
+        dump folder, failing ops) against golden `name`. `kind` is a task name
+        (:data:`pytest_msprobe.golden.kinds.KINDS`) or a Kind; `options` are the kind's (margins,
+        tolerances), validated before the result is read. Under ``regen`` the golden is written
+        instead, and the outcome fails so that new figures are looked at before they are trusted."""
+        kind = kinds.kind_for(kind)
+        if kind.snapshot is None or kind.compare is None:
+            raise TypeError(f"golden kind {kind.name!r} is written, not checked: it has no snapshot or compare")
+        settings = kind.options(**options)
+        snapshot = kind.snapshot(result)
         folder = self.folder(name)
         shown = _shown_path(folder)
         details: dict[str, Any] = {"name": name, "kind": kind.name, "path": str(folder), "this_run": self.made_with}
@@ -158,26 +157,26 @@ class GoldenStore:
             return GoldenOutcome(False, False, (
                 f"golden {name}: cannot read {shown}/: {type(exc).__name__}: {exc}\n"
                 f"Rewrite it with pytest {REGEN_OPTION}, then review and commit {shown}/."), dict(details, unreadable=str(exc)))
-        result: kinds.Comparison = compare(golden)
+        judged: kinds.Comparison = kind.compare(golden, snapshot, **settings)
         made_with = meta.get("made_with", {})
-        details.update(made_with=made_with, created=meta.get("created"), counts=result.counts, rule=result.rule,
-                       failures=[f.to_dict() for f in result.failures], info=result.info, data=result.data)
+        details.update(made_with=made_with, created=meta.get("created"), counts=judged.counts, rule=judged.rule,
+                       failures=[f.to_dict() for f in judged.failures], info=judged.info, data=judged.data)
         provenance = (f"golden made with {describe_made_with(made_with)} ({meta.get('created', 'date unknown')}); "
                       f"this run: {'the same' if made_with == self.made_with else describe_made_with(self.made_with)}"
                       + _hardware_note(meta.get("hardware"), self.hardware))
         info_line = []
-        if result.info:
-            more = f"; and {len(result.info) - MAX_INFO_ITEMS} more" if len(result.info) > MAX_INFO_ITEMS else ""
-            info_line = [f"also (not failures): {'; '.join(result.info[:MAX_INFO_ITEMS])}{more}"]
-        if not result.failures:
-            lines = [f"golden {name} ({kind.name}): {result.headline}", *info_line, provenance]
+        if judged.info:
+            more = f"; and {len(judged.info) - MAX_INFO_ITEMS} more" if len(judged.info) > MAX_INFO_ITEMS else ""
+            info_line = [f"also (not failures): {'; '.join(judged.info[:MAX_INFO_ITEMS])}{more}"]
+        if not judged.failures:
+            lines = [f"golden {name} ({kind.name}): {judged.headline}", *info_line, provenance]
             return GoldenOutcome(True, False, "\n".join(lines), details)
-        lines = [f"golden {name} ({kind.name}) regressed: {result.headline}"]
-        ordered = sorted(result.failures, key=lambda f: f.rank, reverse=True)
+        lines = [f"golden {name} ({kind.name}) regressed: {judged.headline}"]
+        ordered = sorted(judged.failures, key=lambda f: f.rank, reverse=True)
         lines += [f"  {f.text}" for f in ordered[:MAX_ITEM_LINES]]
         if len(ordered) > MAX_ITEM_LINES:
             lines.append(f"  ... and {len(ordered) - MAX_ITEM_LINES} more (details['failures'])")
-        lines.append(f"rule: {result.rule}")
+        lines.append(f"rule: {judged.rule}")
         lines += info_line
         lines.append(provenance)
         lines.append(f"golden: {shown}/ ; if the change is intended: pytest {REGEN_OPTION}, then review and commit "
@@ -231,11 +230,6 @@ def _hardware_note(golden: Any, this: dict[str, str]) -> str:
         return ""
     return (f"; measured on another machine: {golden.get('description', golden.get('key', 'unrecorded'))}, "
             f"this one: {this.get('description', this.get('key'))}")
-
-
-def _non_negative(key: str, value: object) -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
-        raise ConfigError(key, value, "a number >= 0")
 
 
 def _today() -> str:

@@ -1,14 +1,15 @@
 """report.html, built from what real runs wrote: a small suite runs under each task (a subprocess
 pytest per task) and each report is rendered from its summary.json. The page is self-contained
 (escaped, no scripts, no external resources), its plots decode as PNGs, its evidence links
-resolve, its figures are the session's (a clean API's margin, every op's calls compared), a
-summary row missing a field fails by name, and a screenshot in headless Chromium is the
+resolve, its figures are the session's (a clean API's margin, every op's calls compared, grad_probe's
+FP8 health read back from its CSVs), a summary row missing a field fails by name, and a screenshot in headless Chromium is the
 requested size and not blank."""
 
 from __future__ import annotations
 
 import base64
 import copy
+import csv
 import html
 import io
 import json
@@ -25,8 +26,10 @@ import pytest
 from test_plugin_grad_probe import TORCH_SUITE as GRAD_TORCH_SUITE
 
 from probes.core.errors import ConfigError
-from pytest_msprobe.reports.html import PLOT_MAX_BARS, find_chromium, render_html, screenshot
+from pytest_msprobe.reports.html import render_html
+from pytest_msprobe.reports.plots import PLOT_MAX_BARS, plot_text
 from pytest_msprobe.reports.tables import COMPARED_BY_OP, SummaryFormatError
+from pytest_msprobe.testing.browser import find_chromium, screenshot
 
 Image = pytest.importorskip("PIL.Image")
 np = pytest.importorskip("numpy")
@@ -61,16 +64,16 @@ def naive_expm1(x):  # cancellation for small |x| in half precision
 """,
     "conftest.py": """
 import torch, seeded_defect
-from pytest_msprobe import tool_runs
+from pytest_msprobe.tools.free_benchmark import FreeBenchmarkRun
 
-_finish = tool_runs.FreeBenchmarkRun._finish
+_finish = FreeBenchmarkRun.finish
 
 def _finish_then_fail(self):  # the probe's stop raising (as under torch.func.vmap), hooks already off
     _finish(self)
     if "probe_fails_at_stop" in str(self.dump_path):
         raise RuntimeError("the tensor may have escaped from inside a function being vmapped")
 
-tool_runs.FreeBenchmarkRun._finish = _finish_then_fail
+FreeBenchmarkRun.finish = _finish_then_fail
 
 def pytest_configure(config):
     torch.expm1 = seeded_defect.naive_expm1
@@ -100,17 +103,46 @@ GRAD_SUITE = {"test_grad.py": GRAD_TORCH_SUITE}  # a clean run, one blowing up a
 
 SUITES = {"free_benchmark": FB_SUITE, "online_dispatch": OD_SUITE, "grad_probe": GRAD_SUITE}
 
+FP8_FORMATS = ["float8_e4m3fn", "float8_e5m2"]
+FP8_SUITE = {"test_fp8.py": """
+import torch
 
-def _run_suite(root: Path, task: str) -> dict:
-    """Run the task's suite in a fresh folder; its summary.json (the dump is root/<task>/out)."""
-    folder = root / task
+def train(model, x, steps=3):
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    for _ in range(steps):
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+
+def test_outlier_feature():
+    # one input feature 1e7 times the others: at its amax scale the rest of the first layer's
+    # weight gradient is below float8_e4m3fn's smallest subnormal (not float8_e5m2's)
+    torch.manual_seed(0)
+    train(torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2)),
+          torch.tensor([[1e4, 1e-3, -1e-3, 2e-3]] * 4))
+
+def test_plain_layer():
+    torch.manual_seed(0)
+    train(torch.nn.Sequential(torch.nn.Linear(4, 3)), torch.linspace(-1, 1, 8).reshape(2, 4))
+"""}
+
+
+def _run_suite(root: Path, task: str, files: dict[str, str] | None = None, config: dict | None = None,
+               name: str | None = None) -> dict:
+    """Run the task's suite (or `files`, under the probe config `config`) in a fresh folder; its
+    summary.json (the dump is root/<name or task>/out)."""
+    folder = root / (name or task)
     folder.mkdir()
-    for name, text in SUITES[task].items():
-        (folder / name).write_text(text, encoding="utf-8")
+    for file_name, text in (files or SUITES[task]).items():
+        (folder / file_name).write_text(text, encoding="utf-8")
     dump = folder / "out"
+    options = []
+    if config is not None:
+        (folder / "msprobe.json").write_text(json.dumps(config), encoding="utf-8")
+        options = [f"--msprobe-config={folder / 'msprobe.json'}"]
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--basetemp={folder / 'tmp'}",
-         f"--msprobe-task={task}", "--msprobe-fail-on=never", f"--msprobe-dump-path={dump}"],
+         f"--msprobe-task={task}", "--msprobe-fail-on=never", f"--msprobe-dump-path={dump}", *options],
         cwd=folder, capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(folder)))
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     summary = json.loads((dump / "summary.json").read_text(encoding="utf-8"))
@@ -123,6 +155,15 @@ def runs(tmp_path_factory) -> dict[str, dict]:
     """Each task's summary.json from a real run (with the terminal's text under "_terminal")."""
     root = tmp_path_factory.mktemp("runs")
     return {task: _run_suite(root, task) for task in SUITES}
+
+
+@pytest.fixture(scope="module")
+def fp8_run(tmp_path_factory) -> dict:
+    """summary.json of a grad_probe run with grad_probe.fp8_health on."""
+    config = {"task": "grad_probe", "grad_probe": {"grad_level": "L1", "fp8_health": FP8_FORMATS}}
+    summary = _run_suite(tmp_path_factory.mktemp("fp8"), "grad_probe", FP8_SUITE, config, name="fp8")
+    del summary["_terminal"]
+    return summary
 
 
 def _summary(runs: dict, task: str) -> dict:
@@ -248,6 +289,84 @@ def test_grad_probe_report_names_the_parameter_and_its_step(runs, tmp_path):
     assert "1 of 1 comparison(s) flagged" in sims and "flagged at step 0, 2" in sims
     assert "step 2 \u00b7 0.weight: similarity 0.93 dropped by 0.068 > 0.03 from 0.998 at step 1" in sims
     assert len(decoded_pngs(page)) == 1
+
+
+def _csv_column(folder: str, column: str) -> dict[str, list[float]]:
+    """A column of a dump's step summaries: parameter -> its value at steps 0, 1, 2."""
+    out: dict[str, list[float]] = {}
+    for step in range(3):
+        with open(Path(folder) / "rank0" / f"grad_summary_{step}.csv", encoding="utf-8-sig", newline="") as f:
+            for row in csv.DictReader(f):
+                out.setdefault(row["param_name"], []).append(float(row[column]))
+    return out
+
+
+def test_grad_probe_report_plots_fp8_health_worst_parameter_first(fp8_run, tmp_path):
+    page = render(copy.deepcopy(fp8_run), tmp_path / "report.html")
+    fp8 = section(page, "fp8")
+    assert page.index('id="params"') < page.index('id="fp8"') < page.index('id="tests"')
+    (folder,) = fp8_run["tests"]["test_fp8.py::test_outlier_feature"]["dump_paths"]
+    under = _csv_column(folder, "float8_e4m3fn underflow")
+    assert under["0.weight"] == [0.75] * 3  # three of its four columns, at every step
+    assert all(v == 0.0 for p, vs in under.items() if p != "0.weight" for v in vs)
+    assert set(_csv_column(folder, "float8_e5m2 underflow")["0.weight"]) == {0.0}
+    rows = [[text_of(c) for c in re.findall(r"<td>(.*?)</td>", r, re.S)] for r in re.findall(r"<tr>(.*?)</tr>", fp8, re.S)]
+    rows = [r for r in rows if r]
+    # the parameter that loses the most first, its largest fractions and their steps
+    assert rows[0] == ["0.weight", "float8_e4m3fn", "test_fp8.py::test_outlier_feature", "0.75 (step 0)", "0 (step 0)"]
+    assert all(r[3:] == ["0 (step 0)", "0 (step 0)"] for r in rows[1:])
+    # every parameter of both tests, in each format
+    expected = {(param, fmt, nodeid) for nodeid, entry in fp8_run["tests"].items() for f in entry["dump_paths"]
+                for param in _csv_column(f, "float8_e5m2 saturated") for fmt in FP8_FORMATS}
+    assert {tuple(r[:3]) for r in rows} == expected and len(rows) == len(expected) == (4 + 2) * 2
+    assert "12 parameter \u00d7 format figures" in text_of(fp8)
+    # a plot per optimizer and format that loses something; the others are named, not drawn flat
+    alts = re.findall(r'<img class="plot"[^>]* alt="([^"]*)"', fp8)
+    assert alts == ["FP8 health per step: test_fp8.py::test_outlier_feature float8_e4m3fn"]
+    (im,) = decoded_pngs(fp8)
+    assert im.size[0] >= 400 and np.asarray(im.convert("L")).std() > 10
+    assert ("3 series lose no element at any step (test_fp8.py::test_outlier_feature float8_e5m2, "
+            "test_fp8.py::test_plain_layer float8_e4m3fn, test_fp8.py::test_plain_layer float8_e5m2)") in text_of(fp8)
+    # a dump that is gone costs the section, not the report
+    moved = copy.deepcopy(fp8_run)
+    for entry in moved["tests"].values():
+        entry["dump_paths"] = [str(tmp_path / "gone" / Path(p).name) for p in entry["dump_paths"]]
+    assert 'id="fp8"' not in render(moved, tmp_path / "moved.html")
+
+
+def test_fp8_health_over_ranks_is_the_worst_rank(fp8_run, tmp_path):
+    """Two ranks of one optimizer (rank1 a copy of rank0 with one figure raised): the worst rank's
+    figure per step; a rank folder named directly (a merged multi-rank summary) reads the same."""
+    import shutil
+
+    from pytest_msprobe.reports.fp8_health import read_folder
+
+    (folder,) = fp8_run["tests"]["test_fp8.py::test_outlier_feature"]["dump_paths"]
+    dump = tmp_path / "dump"
+    shutil.copytree(Path(folder) / "rank0", dump / "rank0")
+    shutil.copytree(Path(folder) / "rank0", dump / "rank1")
+    path = dump / "rank1" / "grad_summary_1.csv"
+    with open(path, encoding="utf-8-sig", newline="") as f:
+        rows = list(csv.reader(f))
+    column = rows[0].index("float8_e5m2 saturated")
+    (row,) = [r for r in rows if r[0] == "1.bias"]
+    row[column] = "0.5"
+    with open(path, "w", encoding="utf-8-sig", newline="") as f:
+        csv.writer(f).writerows(rows)
+    by_format = {h.format: h for h in read_folder("t", dump)}
+    assert by_format["float8_e5m2"].params["1.bias"]["saturated"] == [0.0, 0.5, 0.0]
+    assert by_format["float8_e4m3fn"].params["0.weight"]["underflow"] == [0.75] * 3
+    (alone,) = [h for h in read_folder("t", dump / "rank0") if h.format == "float8_e5m2"]
+    assert alone.params["1.bias"]["saturated"] == [0.0] * 3 and alone.steps == [0, 1, 2]
+
+
+def test_without_fp8_health_the_report_has_no_fp8_section(runs, tmp_path):
+    summary = _summary(runs, "grad_probe")
+    folder = summary["tests"]["test_grad.py::test_clean"]["dump_paths"][0]
+    with open(Path(folder) / "rank0" / "grad_summary_0.csv", encoding="utf-8-sig", newline="") as f:
+        assert next(csv.reader(f))[-1] == "shape"  # msprobe's columns only
+    page = render(summary, tmp_path / "report.html")
+    assert 'id="params"' in page and 'id="fp8"' not in page and "FP8 health" not in page
 
 
 def test_a_summary_row_missing_a_field_fails_naming_it(runs, tmp_path):
@@ -439,8 +558,6 @@ def test_matplotlib_is_lazy_and_pyplot_untouched(runs, tmp_path):
 def test_names_matplotlib_would_misread_are_drawn_literally(runs, tmp_path):
     """A ``$…$`` pair (mathtext; a malformed one raises) and a leading ``_`` (legends drop such
     labels: torch.compile's ``_orig_mod.``) must neither lose the report nor vanish from a plot."""
-    from pytest_msprobe.reports import html as report_html
-
     nodeid = "tests/x.py::test_cost[$x$-$\\frac{1}{$]"
     param = "_orig_mod.layers.0.weight"
     summary = _summary(runs, "free_benchmark")
@@ -450,8 +567,8 @@ def test_names_matplotlib_would_misread_are_drawn_literally(runs, tmp_path):
                                                                        "$\\frac{1}{$": [1.0, 1.0, 1.0]}}}
     page = render(summary, tmp_path / "report.html")
     assert len(decoded_pngs(page)) == 2
-    assert report_html._plot_text(param) != param and report_html._plot_text(param).strip() == param
-    assert report_html._plot_text("$x$") == r"\$x\$"
+    assert plot_text(param) != param and plot_text(param).strip() == param
+    assert plot_text("$x$") == r"\$x\$"
     # the legend keeps the underscored name
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -459,7 +576,7 @@ def test_names_matplotlib_would_misread_are_drawn_literally(runs, tmp_path):
     fig = Figure()
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
-    ax.plot([0, 1], [0, 1], label=report_html._plot_text(param))
+    ax.plot([0, 1], [0, 1], label=plot_text(param))
     assert [t.get_text() for t in ax.legend().get_texts()] == [" " + param]
 
 
@@ -528,3 +645,17 @@ def test_the_config_chips_show_fuzz_device_only_where_it_matters(tmp_path):
         page = render_html({"tool": "free_benchmark", "config": config}, tmp_path / "r.html").read_text(encoding="utf-8")
         chips = page[page.index('<div class="config">'):page.index("<details><summary>full config")]
         assert ("fuzz_device" in chips) is shown
+
+
+def test_the_report_style_is_package_data(tmp_path):
+    """report.css is read as a package resource: a wheel without it would write unstyled reports,
+    so setuptools must be told to ship every non-Python file of the reports package."""
+    tomllib = pytest.importorskip("tomllib")
+    root = TESTS.parent
+    config = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))
+    shipped = set(config["tool"]["setuptools"]["package-data"]["pytest_msprobe.reports"])
+    folder = root / "pytest_msprobe" / "reports"
+    data = {p.name for p in folder.iterdir() if p.is_file() and p.suffix not in (".py", ".pyc")}
+    assert data == {"report.css"} and data <= shipped
+    page = render_html({"tool": "grad_probe"}, tmp_path / "r.html").read_text(encoding="utf-8")
+    assert (folder / "report.css").read_text(encoding="utf-8") in page

@@ -10,9 +10,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pytest_msprobe.catalogue import gate
+from pytest_msprobe.reports.plots import PLOT_MAX_BARS, hbar_plot
+from pytest_msprobe.reports.primitives import BLUE, RED, code, esc, table
 
 ROWS_MAX = 2500  # per order; the rest are in catalogue.csv
-PLOT_MAX_BARS = 40
 ORDERS = (("max ulp", "max"), ("p99 ulp", "p99"), ("API", "api"), ("status", "status"))
 
 CSS = """
@@ -43,19 +44,17 @@ def _sorted(rows: list[Mapping[str, Any]], key: str) -> list[Mapping[str, Any]]:
     return sorted(rows, key=lambda r: (str(r.get("api")), str(r.get("dtype"))))
 
 
-def catalogue_section(results: Sequence[Any], e: Any, code: Any, table: Any, plot: Any,
-                      colours: tuple[str, str]) -> str:
-    """`e`, `code`, `table` and `plot` are html_report's escaping, code-cell, table and bar-plot
-    helpers (the section is drawn like the others)."""
+def catalogue_section(results: Sequence[Any]) -> str:
+    """The section of the catalogue's rows (the summary's "catalogue" list), drawn with the
+    report's own pieces so that it reads like the other sections."""
     rows = [r for r in results if isinstance(r, Mapping)]
     title = "<h2>API precision catalogue: error in ulps against a float64 CPU reference</h2>"
     if not rows:
         return f'<section id="catalogue">{title}<p class="muted">No catalogue test ran.</p></section>'
-    red, blue = colours
     counts = Counter(str(r.get("status", "")) for r in rows)
     cards = "".join(
         f'<div class="card {"bad" if s in gate.FAILING else ("good" if s == gate.OK else "")}">'
-        f'<div class="num">{n}</div><div>{e(s)}</div></div>' for s, n in sorted(counts.items(),
+        f'<div class="num">{n}</div><div>{esc(s)}</div></div>' for s, n in sorted(counts.items(),
                                                                                key=lambda kv: gate.STATUS_RANK.get(kv[0], 99)))
     worst = gate.worst(rows, PLOT_MAX_BARS)
     parts = [title, f'<div class="cards">{cards}</div>',
@@ -68,12 +67,12 @@ def catalogue_section(results: Sequence[Any], e: Any, code: Any, table: Any, plo
         entries = [(f"{r.get('api')} {r.get('dtype')}",
                     float(r["max_ulp"]) if math.isfinite(r["max_ulp"]) else None,
                     f"max {_text(r.get('max_ulp'))} / p99 {_text(r.get('p99_ulp'))}",
-                    red if gate.failing(r) else blue) for r in worst]
-        parts.append(plot(entries, xlabel="max ulp error (log scale)", log=True,
-                          lines=[(0.5, "--", "0.5 ulp: correctly rounded")],
-                          alt="worst API x dtype by max ulp error"))
+                    RED if gate.failing(r) else BLUE) for r in worst]
+        parts.append(hbar_plot(entries, xlabel="max ulp error (log scale)", log=True,
+                               lines=[(0.5, "--", "0.5 ulp: correctly rounded")],
+                               alt="worst API x dtype by max ulp error"))
     radios = "".join(f'<input type="radio" name="catsort" id="catsort-{key}"{" checked" if i == 0 else ""}>'
-                     f'<label for="catsort-{key}">by {e(label)}</label>' for i, (label, key) in enumerate(ORDERS))
+                     f'<label for="catsort-{key}">by {esc(label)}</label>' for i, (label, key) in enumerate(ORDERS))
     header = ['<label for="catsort-api">API</label>', "dtype", "device", "samples",
               '<label for="catsort-max">max ulp</label>', '<label for="catsort-p99">p99 ulp</label>',
               "accumulation ratio", "golden max / p99", "free_benchmark", '<label for="catsort-status">status</label>', "message"]
@@ -87,11 +86,11 @@ def catalogue_section(results: Sequence[Any], e: Any, code: Any, table: Any, plo
                       if r.get("golden_max_ulp") is not None else "\u2014")
             if r.get("golden") and r.get("golden") != r.get("hardware"):
                 golden += f" (another machine: {r['golden']})"
-            body.append((code(r.get("api")), e(r.get("dtype")), e(r.get("device")), e(r.get("samples")),
-                         e(_text(r.get("max_ulp"))), e(_text(r.get("p99_ulp"))),
-                         e(gate.ratio_text(r.get("ratio")) if r.get("ratio") is not None else "\u2014"), e(golden),
-                         e(r.get("verdict") or "\u2014"), f'<span class="{cls}">{e(status)}</span>',
-                         e(str(r.get("message") or "")[:300])))
+            body.append((code(r.get("api")), esc(r.get("dtype")), esc(r.get("device")), esc(r.get("samples")),
+                         esc(_text(r.get("max_ulp"))), esc(_text(r.get("p99_ulp"))),
+                         esc(gate.ratio_text(r.get("ratio")) if r.get("ratio") is not None else "\u2014"), esc(golden),
+                         esc(r.get("verdict") or "\u2014"), f'<span class="{cls}">{esc(status)}</span>',
+                         esc(str(r.get("message") or "")[:300])))
         views.append(f'<div class="by-{key}">{table(header, body, "wide", raw_header=True)}</div>')
     more = len(rows) - ROWS_MAX
     parts.append(f'<div class="sorts">{radios}<div class="views">{"".join(views)}</div></div>')

@@ -22,7 +22,7 @@ from probes.core.config import TASKS
 from probes.core.errors import ConfigError
 from probes.core.writers import write_json_atomic
 from pytest_msprobe.reports.tables import COMPARED_BY_OP, ProbeAccount, failing_ops, write_table
-from pytest_msprobe.tasks import TASK_RUNNERS
+from pytest_msprobe.tools import TOOLS
 
 MERGED_NAME = "summary_merged.json"
 REPORT_NAME = "report_merged.html"
@@ -77,7 +77,7 @@ def merge_ranks(dump_path: str | os.PathLike[str], tool: str | None = None, *, w
         per_rank[rank] = {"status": status, "summaries": [str(p) for p in files[rank]], "findings": len(found),
                           "first": found[0] if found else None, "errors": errors}
     findings.sort(key=lambda f: (math.inf if f["step"] is None else f["step"], f["rank"], f["order"]))
-    task = TASK_RUNNERS[tool]()
+    task = TOOLS[tool]
     tests = {name: dict(task.entry(r), outcome="failed" if per_rank[int(name[4:])]["findings"] else "passed")
              for name, r in results}
     merged: dict[str, Any] = {
@@ -137,7 +137,7 @@ def _free_benchmark(summaries: list[dict[str, Any]], paths: list[Path], rank: in
                              f"{row['dtype']}" + (f" output {row['output_index']}" if row["output_index"] != "" else ""),
               "evidence": row.get("detail", {}).get("csv") or str(paths[0])}
              for i, row in enumerate(s.get("flagged", []))]
-    result = TASK_RUNNERS["free_benchmark"]().result_of(s)
+    result = TOOLS["free_benchmark"].result_of(s)
     return result, found, result["errors"]
 
 
@@ -152,7 +152,7 @@ def _grad_probe(summaries: list[dict[str, Any]], paths: list[Path], rank: int) -
     s = summaries[0]  # the rank's monitor summary: one optimizer
     watch = {"framework": s.get("framework", ""), "errors": [], "config": s.get("config", {}),
              "optimizers": [dict(s, dump_path=str(rank_dir))], "nonfinite": [f.to_dict() for f in bad]}
-    result = TASK_RUNNERS["grad_probe"]().result_of(watch)
+    result = TOOLS["grad_probe"].result_of(watch)
     return result, found, result["errors"]
 
 
@@ -177,7 +177,7 @@ def _online_dispatch(summaries: list[dict[str, Any]], paths: list[Path], rank: i
     if not per_op:
         del merged[COMPARED_BY_OP]
     merged["csv_path"] = csvs[0] if csvs else None
-    result = TASK_RUNNERS["online_dispatch"]().result_of(merged)
+    result = TOOLS["online_dispatch"].result_of(merged)
     return result, found, result["errors"]
 
 

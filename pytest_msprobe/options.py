@@ -1,7 +1,8 @@
-"""The plugin's options, validated once at configure time, and where each test's files go.
+"""The plugin's options, validated once at configure time and frozen, and where each test's files go.
 
 A leaf of the plugin: the plugin, the catalogue's test runner and the reports read these without
-importing the plugin module (no import cycle through the hooks). It imports no framework.
+importing the plugin module (no import cycle through the hooks). It imports no framework. What
+changes during a run (results, outcomes) is the session's (pytest_msprobe.session).
 """
 
 from __future__ import annotations
@@ -36,7 +37,16 @@ def _option(config: pytest.Config, name: str) -> Any:
 
 
 class MsprobeOptions:
-    """The plugin's options after validation; the probe config is read lazily (fixtures)."""
+    """The plugin's options after validation; the probe config is read lazily (fixtures).
+    Frozen once validated: assigning an attribute raises."""
+
+    _frozen = False
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self._frozen:
+            raise AttributeError(f"MsprobeOptions are frozen once validated ({name!r}); session state belongs to "
+                                 "pytest_msprobe.session.PluginSession")
+        object.__setattr__(self, name, value)
 
     def __init__(self, config: pytest.Config) -> None:
         self.pytest_config = config
@@ -49,17 +59,10 @@ class MsprobeOptions:
         if self.rule_given is not None and self.rule_given not in FREE_BENCHMARK_RULES:
             raise pytest.UsageError(f"--msprobe-rule={self.rule_given!r}; allowed: {', '.join(FREE_BENCHMARK_RULES)}")
         dump = _option(config, "dump_path")
-        self.root = Path(dump) if dump is not None else Path(config.rootpath) / ".msprobe"
+        # absolute: summary.json's evidence paths must resolve from the report's folder, not the shell's
+        self.root = Path(dump).absolute() if dump is not None else Path(config.rootpath) / ".msprobe"
         self.dump_given = dump is not None
         self._device: str | None = None
-        self.api_results: list[dict[str, Any]] = []  # one per @msprobe_api test that ran
-        self.catalogue_results: list[dict[str, Any]] = []  # one per API precision catalogue test
-        self.catalogue_info: dict[str, Any] | None = None  # the catalogue's files, for the summary
-        self.report: Path | None = None  # report.html of a session without --msprobe-task
-        self.report_error: str | None = None
-        self.outcomes: dict[str, str] = {}  # nodeid -> outcome of every test the session ran
-        # the tests whose folders hold this session's files (emptied when they started)
-        self.session_folders: list[str] = []
         if self.task is not None and self.task not in TASKS:
             raise pytest.UsageError(f"--msprobe-task={self.task!r} is not a task; allowed: {', '.join(TASKS)}")
         if self.fail_on not in FAIL_ON:
@@ -70,6 +73,7 @@ class MsprobeOptions:
             self._check_config_task()
         if self.device_choice in ("cuda", "npu"):  # asked for explicitly: it must be there
             self.device  # noqa: B018 - resolve now, so a missing device stops the run before any test
+        self._frozen = True
 
     def _file_has_dump_path(self) -> bool:
         """Whether the config file names its own dump_path (else the plugin's default applies)."""
@@ -99,19 +103,21 @@ class MsprobeOptions:
             from probes.backends.devices import DeviceUnavailable, resolve_device
 
             try:
-                self._device = resolve_device(self.device_choice)
+                object.__setattr__(self, "_device", resolve_device(self.device_choice))
             except DeviceUnavailable as exc:
                 raise pytest.UsageError(f"--msprobe-device={self.device_choice}: {exc}") from None
         return self._device
 
-    def probe_config(self, task: str | None, dump_path: Path | str | None = None, overrides: dict | None = None) -> Any:
-        """The effective config for `task`: the config file (if any), `overrides`, the dump path."""
+    def probe_config(self, task: str | None, dump_path: Path | str | None = None, overrides: dict | None = None,
+                     root: Path | None = None) -> Any:
+        """The effective config for `task`: the config file (if any), `overrides`, the dump path
+        (default: `root`, the session's results folder, else the configured one)."""
         from probes.core.config import load_config
         from probes.core.errors import ConfigError
 
         raw_dump = dump_path
         if raw_dump is None and (self.dump_given or not self._file_has_dump_path()):
-            raw_dump = self.root
+            raw_dump = self.root if root is None else root
         effective = self._with_rule(task, overrides)
         try:
             return load_config(self.cfg_file, task=task, overrides=effective or None,

@@ -16,11 +16,11 @@ def _plugin_results_under_tmp(request, tmp_path_factory):
     for this suite's own session (tests using the plugin's fixtures, such as msprobe_distributed)
     that is the repository. They go under pytest's temporary directory instead; an explicit
     --msprobe-dump-path (or msprobe_dump_path ini) and --msprobe-task sessions are left alone."""
-    from pytest_msprobe.options import OPTIONS_KEY
+    from pytest_msprobe.stash import SESSION_KEY
 
-    options = request.config.stash.get(OPTIONS_KEY, None)
-    if options is not None and not options.dump_given and options.task is None:
-        options.root = tmp_path_factory.mktemp("msprobe", numbered=False)
+    session = request.config.stash.get(SESSION_KEY, None)
+    if session is not None and not session.options.dump_given and session.probe is None:
+        session.root = tmp_path_factory.mktemp("msprobe", numbered=False)
 
 
 @pytest.fixture

@@ -121,9 +121,9 @@ def test_each_fact_is_defined_once(what, pattern):
 
 def test_the_plugin_runs_every_task_of_the_config():
     from probes.core.config import TASKS
-    from pytest_msprobe.tasks import TASK_RUNNERS
+    from pytest_msprobe.tools import TOOLS
 
-    assert tuple(TASK_RUNNERS) == TASKS
+    assert tuple(TOOLS) == TASKS
 
 
 def test_no_module_only_re_exports_another():

@@ -29,7 +29,7 @@ from probes.core.errors import ConfigError
 from probes.core.thresholds import DISPATCH_SCALED_THRESHOLD
 from probes.online_dispatch.results import COLUMNS, EXTRA_COLUMNS
 from probes.pytorch.online_dispatch import PtdbgDispatch
-from pytest_msprobe.tool_runs import dispatch_arguments, dispatch_failure_message
+from pytest_msprobe.tools.online_dispatch import dispatch_arguments, dispatch_failure_message
 
 XP = BACKEND.namespace(None)
 ROOT = Path(__file__).resolve().parents[1]

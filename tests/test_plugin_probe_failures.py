@@ -28,11 +28,11 @@ def test_never_calls_torch():
 # the tool run's stop raises, as free_benchmark's deferred verdicts did under torch.func.vmap
 CONFTEST = """
 import pathlib
-from pytest_msprobe import tool_runs
+from pytest_msprobe.tools.free_benchmark import FreeBenchmarkRun
 
 FAIL_AT = (pathlib.Path(__file__).parent / "fail_at").read_text()
 
-_finish, _start = tool_runs.FreeBenchmarkRun._finish, tool_runs.FreeBenchmarkRun._start
+_finish, _start = FreeBenchmarkRun.finish, FreeBenchmarkRun.start
 
 def _failing_finish(self):
     _finish(self)  # hooks removed, then the failure
@@ -44,8 +44,8 @@ def _failing_start(self):
         raise RuntimeError("no hook could be installed")
     _start(self)
 
-tool_runs.FreeBenchmarkRun._finish = _failing_finish
-tool_runs.FreeBenchmarkRun._start = _failing_start
+FreeBenchmarkRun.finish = _failing_finish
+FreeBenchmarkRun.start = _failing_start
 """
 
 VMAP = "test_suite.py::test_vmap_like"

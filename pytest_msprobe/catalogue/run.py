@@ -15,14 +15,15 @@ import pytest
 
 from pytest_msprobe.catalogue import gate
 from pytest_msprobe.catalogue.records import CatalogueCase, NothingToMeasure
-from pytest_msprobe.options import options_of, test_dump_path
+from pytest_msprobe.stash import session_of
 
 
 def run_case(case: CatalogueCase, item: pytest.Item) -> None:
     from pytest_msprobe.catalogue.measure import measure
     from pytest_msprobe.golden.checks import golden_root, machine
 
-    options = options_of(item.config)
+    session = session_of(item.config)
+    options = session.options
     device = options.device if case.framework == "torch" else "cpu"
     row: dict[str, Any] = {"api": case.api, "dtype": case.dtype, "device": device, "source": case.source,
                            "samples": 0, "elements": 0, "max_ulp": None, "p99_ulp": None, "verdict": "",
@@ -32,33 +33,34 @@ def run_case(case: CatalogueCase, item: pytest.Item) -> None:
         skip = f"{case.api} runs on an NPU: --msprobe-device=npu (or --msprobe-simulated-npu)"
     if skip:
         row["message"] = skip
-        options.catalogue_results.append(row)
+        session.catalogue_results.append(row)
         pytest.skip(skip)
-    dump = test_dump_path(options.root, item.nodeid)
+    dump = session.test_dump_path(item.nodeid)
     probe_config = None
     if case.framework == "torch":
-        probe_config = options.probe_config("free_benchmark", dump, {"pert_mode": "improve_precision",
+        probe_config = session.probe_config("free_benchmark", dump, {"pert_mode": "improve_precision",
                                                                      "list": [case.key]})
     try:
         result = measure(case, device, probe_config).to_dict()
     except NothingToMeasure as exc:
         row["message"] = str(exc)
-        options.catalogue_results.append(row)
+        session.catalogue_results.append(row)
         pytest.skip(str(exc))
     gate.judge(result, gate.goldens(golden_root(options), device, machine(device).key), options.regen_golden)
-    options.catalogue_results.append(result)
+    session.catalogue_results.append(result)
     if result["status"] == gate.SKIPPED:
         pytest.skip(result["message"])
     if gate.failing(result) and options.fail_on == "risk":
         pytest.fail(result["message"], pytrace=False)
 
 
-def finish_session(options: Any) -> dict[str, Any]:
-    """catalogue.csv (and the golden when regenerating); what the terminal summary prints."""
+def finish_session(session: Any) -> dict[str, Any]:
+    """catalogue.csv (and the golden when regenerating) of a PluginSession; what the terminal
+    summary prints."""
     from pytest_msprobe.golden.checks import golden_root, machine, store_for
 
-    results = options.catalogue_results
-    info: dict[str, Any] = {"csv": gate.write_csv(Path(options.root) / gate.CSV_FILE, results)}
+    options, results = session.options, session.catalogue_results
+    info: dict[str, Any] = {"csv": gate.write_csv(Path(session.root) / gate.CSV_FILE, results)}
     devices = sorted({r["device"] for r in results})
     root = golden_root(options)
     info["machines"] = {d: (machine(d), gate.identities(root, d), root) for d in devices}

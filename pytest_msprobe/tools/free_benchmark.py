@@ -1,0 +1,132 @@
+"""free_benchmark as the plugin runs it: perturb each API's inputs, re-run it, judge the change."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pytest_msprobe.reports.tables import CHECKED_LABELS, ApiRow, ProbeError, api_table, sort_figure
+from pytest_msprobe.reports.text import failure_message, risky_table_lines
+from pytest_msprobe.tools.base import KEPT, Results, Tool, ToolRun, nothing_checked
+
+
+class FreeBenchmarkRun(ToolRun):
+    """`with free_benchmark(pert_mode="bit_noise", list=["softmax"]) as fb: ...`, then `fb.rows`,
+    `fb.flagged_apis`, `fb.assert_clean()`. `fb.step()` marks a training step inside the block."""
+
+    tool = "free_benchmark"
+
+    def start(self) -> None:
+        if self.framework == "mindspore":
+            from probes.mindspore import PrecisionDebugger
+        else:
+            from probes.pytorch import PrecisionDebugger
+        self.handle = PrecisionDebugger(config=self.config)
+        self.handle.start()
+
+    def step(self) -> None:
+        self.handle.step()
+
+    def finish(self) -> None:
+        self.handle.stop()
+        self.summary = self.handle.summary()
+
+    @property
+    def rows(self) -> list[Any]:
+        """The inconsistent outputs (records of free_benchmark.csv rows)."""
+        return self.handle.rows if self.handle is not None else []
+
+    @property
+    def flagged_apis(self) -> list[str]:
+        return sorted(api for api, s in self.summary.get("apis", {}).items() if s["flagged"])
+
+    def assert_clean(self) -> None:
+        """Fail, with each flagged API's figure, threshold and evidence file, unless every
+        checked output stayed within its dtype's threshold."""
+        if self.handle is None or not self.summary:
+            raise RuntimeError("assert_clean() reads the results of a finished run: call it after the `with` block")
+        if self.flagged_apis:
+            raise AssertionError(failure_message(self.label, self.summary))
+
+
+class FreeBenchmarkTool(Tool):
+    name = "free_benchmark"
+    table_title = "risky APIs"
+    table_key = ApiRow.TABLE
+    checked_label = CHECKED_LABELS[name]
+    findings_key = "flagged_apis"
+    findings_label = "flagged APIs"
+    run_class = FreeBenchmarkRun
+
+    def result_of(self, summary: Mapping[str, Any]) -> dict[str, Any]:
+        apis = summary["apis"]
+        checked = sum(s["checked"] for s in apis.values())
+        not_checked = {reason: sum(per_api.values()) for reason, per_api in summary["not_checked"].items()}
+        result = {"apis": apis, "flagged": summary["flagged"][:KEPT], "csv_files": summary["csv_files"],
+                  "config": summary["config"], "framework": summary.get("framework", ""),
+                  "errors": [ProbeError(e["first_call"], e["error"], e["count"]).to_dict() for e in summary["errors"]],
+                  "checked": checked, "not_checked": not_checked,
+                  "nothing_checked": None if checked else nothing_checked(not_checked, "it called no API "
+                                                                          "free_benchmark checks")}
+        if summary.get("graphs"):
+            result["graphs"] = summary["graphs"]
+        from probes.free_benchmark.exclusions import COMPILED
+
+        compiled = summary["not_checked"].get(COMPILED)
+        if compiled:  # compiled MindSpore graphs: free_benchmark does not reach inside them
+            result["compiled_not_checked"] = compiled
+        return result
+
+    def blank(self, framework: str, config: Any) -> dict[str, Any]:
+        return {"apis": {}, "flagged": [], "csv_files": [], "config": config.to_dict() if config is not None else {},
+                "framework": framework, "errors": [], "checked": 0, "not_checked": {}, "nothing_checked": None}
+
+    def flagged(self, result: dict[str, Any]) -> list[str]:
+        return sorted(api for api, s in result["apis"].items() if s["flagged"])
+
+    def failure(self, nodeid: str, result: dict[str, Any]) -> str | None:
+        return failure_message(nodeid, result) if self.flagged(result) else None
+
+    def properties(self, result: dict[str, Any]) -> list[tuple[str, Any]]:
+        checked = [(api, s) for api, s in result["apis"].items() if s["checked"]]
+        props: list[tuple[str, Any]] = [("msprobe_apis_checked", len(checked))]
+        flagged = [(api, s) for api, s in checked if s["flagged"]]
+        if flagged:
+            api, s = max(flagged, key=lambda kv: sort_figure(kv[1]["worst_max_rel"]))
+            props += [("msprobe_flagged_apis", ",".join(self.flagged(result))),
+                      ("msprobe_worst_api", api), ("msprobe_worst_max_rel", s["worst_max_rel"]),
+                      ("msprobe_threshold", s["threshold"])]
+        return props
+
+    def test_entry(self, result: dict[str, Any]) -> dict[str, Any]:
+        return {self.findings_key: self.flagged(result), "csv_files": result["csv_files"],
+                **({"graphs": result["graphs"]} if result.get("graphs") else {})}
+
+    def table(self, results: Results) -> dict[str, ApiRow]:
+        frameworks = {r["framework"] for _, r in results if r["apis"]}
+        if len(frameworks) <= 1:
+            return api_table((nodeid, r["apis"]) for nodeid, r in results)
+        # a suite mixing PyTorch and MindSpore: Functional.gelu of one is not the other's
+        return api_table(
+            (nodeid, {f"{api} [{r['framework']}]": v for api, v in r["apis"].items()})
+            for nodeid, r in results
+        )
+
+    def table_lines(self, table: dict[str, ApiRow], results: Results) -> list[str]:
+        lines = risky_table_lines(table)
+        compiled = [(nodeid, r["compiled_not_checked"]) for nodeid, r in results if r.get("compiled_not_checked")]
+        if compiled:
+            calls = sum(sum(c.values()) for _, c in compiled)
+            lines.append(f"{len(compiled)} test(s) ran compiled MindSpore code that free_benchmark does not check "
+                         f"({calls} call(s) of mindspore.jit functions or GRAPH_MODE cells; free_benchmark checks "
+                         "PyNative calls, as msprobe; grad_probe does check compiled steps): "
+                         + ", ".join(nodeid for nodeid, _ in compiled[:5]) + (" ..." if len(compiled) > 5 else ""))
+        return lines
+
+    def golden_input(self, outcome: dict[str, Any], dump: Any) -> Any:
+        """What its golden kind reads of a test's result under the session's probe."""
+        return outcome["apis"]
+
+    def run_golden_input(self, run: FreeBenchmarkRun) -> Any:
+        """What its golden kind reads of a fixture's run."""
+        return run.summary.get("apis", {})

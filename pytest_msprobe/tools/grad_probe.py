@@ -1,0 +1,134 @@
+"""grad_probe as the plugin runs it: every optimizer step's gradient statistics, and their direction."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pytest_msprobe.reports import grads as grad_report
+from pytest_msprobe.reports.tables import CHECKED_LABELS, ParamRow, ProbeError, param_table
+from pytest_msprobe.tools.base import Results, Tool, ToolRun, entered
+
+
+class GradProbeRun(ToolRun):
+    """`with grad_probe() as run: train(...)` monitors every optimizer stepped in the block; then
+    `run.assert_finite()` and `run.assert_directions_close(other_run_or_dump_path)`."""
+
+    tool = "grad_probe"
+
+    def start(self) -> None:
+        if self.framework == "mindspore":
+            from probes.grad_probe.mindspore_watch import MindSporeOptimizerWatch as Watch
+        else:
+            from probes.grad_probe.torch_watch import TorchOptimizerWatch as Watch
+        self.handle = Watch(self.config).start()
+
+    def finish(self) -> None:
+        self.handle.stop()
+        self.summary = self.handle.summary()
+
+    @property
+    def nonfinite(self) -> list[Any]:
+        from probes.grad_probe.health import nonfinite_gradients
+
+        return nonfinite_gradients(self.dump_path)
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps recorded by the first optimizer of the block."""
+        first = self.summary.get("optimizers") or [{}]
+        return len(first[0].get("steps_written", []))
+
+    def assert_finite(self) -> None:
+        bad = self.nonfinite
+        if bad:
+            shown = "\n".join(f"  {f.describe()}" for f in bad[:10])
+            raise AssertionError(f"{self.label}: {len(bad)} non-finite gradient statistic(s):\n{shown}\n"
+                                 f"evidence: {bad[0].csv}")
+
+    def assert_directions_close(self, other: GradProbeRun | str | Path, first_step_min: float | None = None,
+                                max_drop: float | None = None) -> None:
+        """The direction rule between this run and `other` (a run or a grad_probe dump path):
+        similarity ≥ first_step_min at the first step, no drop > max_drop after it (the rule's
+        own limits unless given)."""
+        from probes.grad_probe import assert_grad_directions_close
+        from probes.grad_probe.direction_rule import FIRST_STEP_MIN, MAX_DROP
+
+        if not self.summary.get("optimizers"):
+            raise AssertionError(f"{self.label}: no optimizer stepped inside the grad_probe block; nothing to compare")
+        other_path = other.dump_path if isinstance(other, GradProbeRun) else Path(other)
+        assert_grad_directions_close(self.dump_path, other_path,
+                                     FIRST_STEP_MIN if first_step_min is None else first_step_min,
+                                     MAX_DROP if max_drop is None else max_drop,
+                                     out=self.dump_path.parent / f"{self.dump_path.name}_vs_{other_path.name}")
+
+
+def grad_errors(errors: list[Any]) -> list[dict[str, Any]]:
+    """grad_probe's errors as ProbeErrors: the watch's are strings, a monitor's name the parameter
+    and step."""
+    out = []
+    for e in errors:
+        if isinstance(e, Mapping):
+            out.append(ProbeError(f"{e.get('param')} at step {e.get('step')}", str(e.get("error")), 1).to_dict())
+        else:
+            out.append(ProbeError("optimizer watch", str(e), 1).to_dict())
+    return out
+
+
+class GradProbeTool(Tool):
+    name = "grad_probe"
+    table_title = "non-finite gradients"
+    table_key = ParamRow.TABLE
+    checked_label = CHECKED_LABELS[name]
+    findings_key = "nonfinite_params"
+    findings_label = "non-finite gradients"
+    run_class = GradProbeRun
+
+    def start(self, framework: str, config: Any) -> Any:
+        return entered(GradProbeRun(framework, config, ""))
+
+    def read(self, run: Any) -> dict[str, Any]:
+        return self.result_of(dict(run.summary, nonfinite=[f.to_dict() for f in run.nonfinite]))
+
+    def result_of(self, summary: Mapping[str, Any]) -> dict[str, Any]:
+        """What the session keeps of a watch summary with its non-finite findings."""
+        result = grad_report.compact(summary)
+        result["errors"] = grad_errors(result["errors"])
+        result["checked"] = sum(o["params"] * o["steps_written"] for o in result["optimizers"])
+        result["not_checked"] = {}
+        result["nothing_checked"] = None if result["optimizers"] else "it stepped no optimizer"
+        return result
+
+    def blank(self, framework: str, config: Any) -> dict[str, Any]:
+        return {"framework": framework, "optimizers": [], "nonfinite": [], "nonfinite_total": 0, "errors": [],
+                "config": config.to_dict() if config is not None else {}, "checked": 0, "not_checked": {},
+                "nothing_checked": None}
+
+    def flagged(self, result: dict[str, Any]) -> list[str]:
+        return sorted({f["param"] for f in result["nonfinite"]})
+
+    def failure(self, nodeid: str, result: dict[str, Any]) -> str | None:
+        return grad_report.failure_message(nodeid, result)
+
+    def properties(self, result: dict[str, Any]) -> list[tuple[str, Any]]:
+        props: list[tuple[str, Any]] = [("msprobe_param_steps_checked", result["checked"])]
+        if result["nonfinite"]:
+            props += [("msprobe_nonfinite_params", ",".join(self.flagged(result))),
+                      ("msprobe_nonfinite_param_steps", result["nonfinite_total"])]
+        return props
+
+    def test_entry(self, result: dict[str, Any]) -> dict[str, Any]:
+        return {self.findings_key: self.flagged(result), "dump_paths": [o["dump_path"] for o in result["optimizers"]]}
+
+    def table(self, results: Results) -> dict[str, ParamRow]:
+        return param_table((nodeid, r["nonfinite"]) for nodeid, r in results)
+
+    def table_lines(self, table: dict[str, ParamRow], results: Results) -> list[str]:
+        return grad_report.table_lines(table, results)
+
+    def golden_input(self, outcome: dict[str, Any], dump: Any) -> Any:
+        return dump
+
+    def run_golden_input(self, run: GradProbeRun) -> Any:
+        return run.dump_path

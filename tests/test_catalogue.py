@@ -151,6 +151,7 @@ def _csv(pytester) -> list[dict[str, str]]:
 SELECT = "Torch.rsqrt or Torch.matmul or Torch.exp-"
 
 
+@pytest.mark.slow
 def test_catalogue_end_to_end_regen_gate_and_a_seeded_defect(pytester):
     pytester.makeini("[pytest]\n")
     first = _run(pytester, "-k", SELECT)
@@ -192,6 +193,7 @@ def test_catalogue_end_to_end_regen_gate_and_a_seeded_defect(pytester):
     assert {r["status"] for k, r in rows.items() if k[0] != "Torch.rsqrt"} == {gate.OK}
 
 
+@pytest.mark.slow
 def test_catalogue_under_xdist_merges_every_worker(pytester):
     pytest.importorskip("xdist")
     pytester.makeini("[pytest]\n")
@@ -200,6 +202,7 @@ def test_catalogue_under_xdist_merges_every_worker(pytester):
     assert len(_csv(pytester)) == 9
 
 
+@pytest.mark.slow
 def test_catalogue_on_the_simulated_npu_catches_a_fused_operator_defect(pytester):
     pytester.makeini("[pytest]\n")
     args = ("--msprobe-simulated-npu", "--msprobe-device=npu")

@@ -28,6 +28,8 @@ from pytest_msprobe.catalogue.cases import opinfo_available, opinfo_cases, table
 from pytest_msprobe.catalogue.measure import measure_torch
 from pytest_msprobe.golden.store import validate_name
 
+pytestmark = pytest.mark.slow  # subprocess pytest sessions / multi-process jobs: minutes in all
+
 REPO = Path(__file__).resolve().parents[1]
 REPO_GOLDEN = REPO / "golden"
 SOURCES = ["table"] + (["opinfo"] if opinfo_available() else [])

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # subprocess pytest sessions / multi-process jobs: minutes in all
+
 pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -26,9 +26,9 @@ import pytest
 from test_plugin_grad_probe import TORCH_SUITE as GRAD_TORCH_SUITE
 
 from probes.core.errors import ConfigError
+from probes.core.session_tables import COMPARED_BY_OP, SummaryFormatError
 from pytest_msprobe.reports.html import render_html
 from pytest_msprobe.reports.plots import PLOT_MAX_BARS, plot_text
-from pytest_msprobe.reports.tables import COMPARED_BY_OP, SummaryFormatError
 from pytest_msprobe.testing.browser import find_chromium, screenshot
 
 Image = pytest.importorskip("PIL.Image")
@@ -213,6 +213,7 @@ def render(summary: dict, path: Path) -> str:
 
 
 # what the reports show of real runs ----------------------------------------------------------------
+@pytest.mark.slow
 def test_free_benchmark_report_shows_every_apis_margin_and_the_probe_error(runs, tmp_path):
     summary = _summary(runs, "free_benchmark")
     page = render(summary, tmp_path / "report.html")

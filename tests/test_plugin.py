@@ -114,6 +114,7 @@ def test_bad_config_is_a_usage_error_before_tests_run(suite):
     assert "free_benchmark" in result.stderr.str() and "add_noise" in result.stderr.str()
 
 
+@pytest.mark.slow
 def test_xdist_workers_write_their_own_files_and_the_controller_merges(suite):
     pytest.importorskip("xdist")
     dump = suite.path / "out"
@@ -128,6 +129,7 @@ def test_xdist_workers_write_their_own_files_and_the_controller_merges(suite):
     assert len(list((dump / "tests").rglob("free_benchmark.csv"))) == 1
 
 
+@pytest.mark.slow
 def test_junit_xml_carries_the_worst_figure(suite):
     xml = suite.path / "junit.xml"
     result = suite.runpytest_subprocess("--msprobe-task=free_benchmark", f"--msprobe-dump-path={suite.path / 'out'}",
@@ -147,6 +149,7 @@ def test_junit_xml_carries_the_worst_figure(suite):
     assert int(risky["msprobe_apis_checked"]) >= 1
 
 
+@pytest.mark.slow
 def test_reference_rule_option_restores_msprobe_verdicts(suite):
     dump = suite.path / "out"
     result = suite.runpytest_subprocess("--msprobe-task=free_benchmark", "--msprobe-rule=reference",
@@ -166,6 +169,7 @@ def test_bad_rule_option_names_the_allowed_values(suite):
     result.stderr.fnmatch_lines(["*--msprobe-rule='loose'; allowed: reference, scaled*"])
 
 
+@pytest.mark.slow
 def test_session_summary_and_html_report(suite):
     dump = suite.path / "out"
     result = suite.runpytest_subprocess("--msprobe-task=free_benchmark", f"--msprobe-dump-path={dump}", "-p", "no:cacheprovider")

@@ -42,6 +42,7 @@ def suite(pytester):
     return pytester
 
 
+@pytest.mark.slow
 def test_generated_items_and_verdicts(suite):
     result = suite.runpytest_subprocess("-p", "no:cacheprovider", "-v", "-rs")
     result.assert_outcomes(passed=5, failed=1)
@@ -59,6 +60,7 @@ def test_generated_items_and_verdicts(suite):
     assert "inputs=((tensor(" in out and "@reproduce_failure" in out  # shrunk and reproducible (any Hypothesis wording)
 
 
+@pytest.mark.slow
 def test_reference_rule_skips_float32_improve_precision_as_msprobe(suite):
     result = suite.runpytest_subprocess("-p", "no:cacheprovider", "-rs", "--msprobe-rule=reference", "-k", "tanh")
     result.assert_outcomes(passed=1, skipped=1)
@@ -132,6 +134,7 @@ def test_exp(msprobe_api_case):
     ])
 
 
+@pytest.mark.slow
 def test_fail_on_never_reports_and_xdist_merges(suite):
     import json
 
@@ -155,6 +158,7 @@ def test_fail_on_never_reports_and_xdist_merges(suite):
     result.stdout.fnmatch_lines(["report: *report.html"])
 
 
+@pytest.mark.slow
 def test_online_dispatch_on_request_catches_a_kernel_defect(pytester):
     pytester.makepyfile(
         test_od_api='''
@@ -195,6 +199,7 @@ def pytest_runtest_teardown(item):
     assert "inputs=((tensor(" in out and "@reproduce_failure" in out
 
 
+@pytest.mark.slow
 def test_generated_tests_run_their_own_probe_under_a_session_task(suite):
     result = suite.runpytest_subprocess("-p", "no:cacheprovider", "--msprobe-task=free_benchmark",
                                         f"--msprobe-dump-path={suite.path / 'out'}", "-k", "softmax or expm1")
@@ -224,6 +229,7 @@ def pytest_configure(config):
 '''
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seeded", [True, False], ids=["reduced", "clean"])
 def test_float32_improve_precision_catches_a_reduced_precision_kernel(pytester, seeded):
     from pathlib import Path

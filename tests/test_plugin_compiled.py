@@ -52,6 +52,7 @@ def suite(pytester, monkeypatch):
     return pytester
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task", ["free_benchmark", "online_dispatch"])
 def test_a_compiled_suite_under_a_task_fails_the_lossy_backend_by_graph_and_node(suite, task):
     dump = suite.path / "out"
@@ -70,6 +71,7 @@ def test_a_compiled_suite_under_a_task_fails_the_lossy_backend_by_graph_and_node
     assert 'id="graphs"' in page and "vendor_linear" in page and ">repro</a>" in page
 
 
+@pytest.mark.slow
 def test_msprobe_compiled_checks_one_function_and_names_the_node(suite):
     result = suite.runpytest_subprocess("-p", "no:cacheprovider", "-k", "function", f"--rootdir={suite.path}")
     result.assert_outcomes(passed=1, failed=1)

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+pytestmark = pytest.mark.slow  # subprocess pytest sessions: minutes in all
+
 SUITE = '''
 import os
 import pytest

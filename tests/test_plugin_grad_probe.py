@@ -103,6 +103,7 @@ def _run(pytester, suite: str, name: str, *extra: str):
     return result, dump
 
 
+@pytest.mark.slow
 def test_torch_suite_under_grad_probe(pytester):
     result, dump = _run(pytester, TORCH_SUITE, "test_torch_suite")
     result.assert_outcomes(passed=4, failed=1)
@@ -135,12 +136,14 @@ def test_torch_suite_under_grad_probe(pytester):
     assert "FutureWarning" not in result.stdout.str()
 
 
+@pytest.mark.slow
 def test_fail_on_never_reports_without_failing(pytester):
     result, _ = _run(pytester, TORCH_SUITE, "test_torch_suite", "--msprobe-fail-on=never")
     result.assert_outcomes(passed=5)
     result.stdout.fnmatch_lines(["*msprobe grad_probe: non-finite gradients*"])
 
 
+@pytest.mark.slow
 def test_mindspore_suite_under_grad_probe(pytester):
     if importlib.util.find_spec("mindspore") is None:
         pytest.skip("mindspore is not installed")

@@ -61,6 +61,7 @@ def suite(pytester):
     return pytester
 
 
+@pytest.mark.slow
 def test_whole_suite_and_fixture(suite):
     dump = suite.path / "out"
     result = suite.runpytest_subprocess("-p", "no:cacheprovider", "--msprobe-task=online_dispatch",

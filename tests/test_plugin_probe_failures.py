@@ -12,6 +12,8 @@ import pytest
 
 from probes.results import folder_of_test, load
 
+pytestmark = pytest.mark.slow  # subprocess pytest sessions / multi-process jobs: minutes in all
+
 SUITE = """
 import torch
 

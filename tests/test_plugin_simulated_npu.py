@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # subprocess pytest sessions / multi-process jobs: minutes in all
+
 pytest.importorskip("torch")
 
 TESTS_DIR = Path(__file__).resolve().parent

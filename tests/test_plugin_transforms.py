@@ -8,6 +8,8 @@ import json
 
 import pytest
 
+pytestmark = pytest.mark.slow  # subprocess pytest sessions / multi-process jobs: minutes in all
+
 pytest.importorskip("torch")
 
 SUITE = '''

@@ -26,6 +26,8 @@ from probes.grad_probe.sharded_directions import ShardedRun
 from pytest_msprobe.distributed import run_ranks
 from pytest_msprobe.reports.ranks import merge_ranks
 
+pytestmark = pytest.mark.slow  # subprocess pytest sessions / multi-process jobs: minutes in all
+
 TIMEOUT_S = 90.0
 BOUNDS = [-1e-3, 0.0, 1e-3]
 WORLD = {"ddp": 2, "fsdp": 2, "tp": 2, "ddp4": 4, "hsdp": 4, "fsdp_tp": 4}

@@ -30,6 +30,8 @@ from probes.backends import torch_zero  # noqa: E402
 from probes.grad_probe import csv_format  # noqa: E402
 from pytest_msprobe.distributed import run_ranks  # noqa: E402
 
+pytestmark = pytest.mark.slow  # subprocess pytest sessions / multi-process jobs: minutes in all
+
 TIMEOUT_S = 120.0
 STAGES = (1, 2, 3)
 WORLD = 2

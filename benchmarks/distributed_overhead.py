@@ -176,7 +176,7 @@ def _cpu_s() -> float:
 
 # the model under each engine ------------------------------------------------------------------
 def build(engine: str, shape: Shape, seed: int = 0) -> torch.nn.Module:
-    """The MLP, wrapped as tests/engines.py wraps its small one (FSDP2: fully_shard per layer, then
+    """The MLP, wrapped as tests/support/engines.py wraps its small one (FSDP2: fully_shard per layer, then
     the root, on a 1-D mesh of every rank)."""
     torch.manual_seed(seed)
     layers: list[torch.nn.Module] = []

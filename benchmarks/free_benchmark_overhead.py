@@ -143,7 +143,7 @@ class Bench:
     def __init__(self, spec: ModelSpec, seed: int = 0) -> None:
         torch.manual_seed(seed)
         self.llama = spec.name.startswith("llama")
-        if self.llama:  # 2 layers, hidden 128, batch 4 x 64 tokens (tests/llama_model.py)
+        if self.llama:  # 2 layers, hidden 128, batch 4 x 64 tokens (tests/support/llama_model.py)
             sys.path.insert(0, str(ROOT / "tests"))
             from llama_model import VOCAB, tiny_llama, token_batch
 

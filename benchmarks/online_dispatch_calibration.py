@@ -15,7 +15,7 @@ the output's scale in ulps of the output dtype, probes/core/scaled.py) of every 
 Per dtype it prints the distribution (max, p99.9, p99) of the figure over all output leaves, and
 over the leaves the noise floor does not pass (probes/core/dispatch_metrics.py), the op with the
 largest figure, and the threshold of ``DISPATCH_SCALED_THRESHOLD`` with its margin. Then the
-seeded defect (tests/seeded_reduced.py: nn.Linear through an fp32 matmul whose inputs keep 10
+seeded defect (tests/support/seeded_reduced.py: nn.Linear through an fp32 matmul whose inputs keep 10
 mantissa bits, TF32-like, or 7, bf16-like) on the same fp32 models: the figure of the defective
 matmuls and how many the default rule flags.
 

@@ -181,44 +181,35 @@ def _in_scope(frame, scope: dict[str, set[str]] | None):  # noqa: ANN001, ANN202
 def _session_lines(path: str, data: dict) -> list[str]:
     """The latest session as its report.html shows it: the same counts, the same tables, the same
     flagged checks, the probe's own account."""
-    from pytest_msprobe.reports.tables import (
-        CHECKED_LABELS,
-        ApiRow,
-        OpRow,
-        ParamRow,
-        ProbeAccount,
-        read_table,
-    )
-    from pytest_msprobe.reports.text import account_lines, risky_table_lines
+    from probes.core.catalogue_status import STATUS_ORDER, failing
+    from probes.core.session_tables import ApiRow, OpRow, ParamRow, ProbeAccount, read_table
+    from probes.core.table_text import account_lines, risky_table_lines
+    from probes.core.tool_keys import TOOL_KEYS
 
     counts = data.get("session") or {}
     by_outcome = ", ".join(f"{counts[k]} {k}" for k in ("passed", "failed", "skipped", "error") if counts.get(k))
     lines = [f"session {data.get('date', '')} ({path}): {counts.get('tests', 0)} tests"
              + (f": {by_outcome}" if by_outcome else "")]
     tool, tests = data.get("tool"), data.get("tests")
-    findings = {"free_benchmark": ("flagged_apis", "inconsistent APIs"),
-                "grad_probe": ("nonfinite_params", "non-finite gradients"),
-                "online_dispatch": ("failing_ops", "failing ops")}.get(tool)
-    if findings and isinstance(tests, dict):
-        key, label = findings
-        hit = {t: e.get(key) for t, e in tests.items() if isinstance(e, dict) and e.get(key)}
-        lines.append(f"{tool}: {len(tests)} tests under the probe, {len(hit)} with {label}")
+    keys = TOOL_KEYS.get(tool) if isinstance(tool, str) else None
+    if keys is not None and isinstance(tests, dict):
+        hit = {t: e.get(keys.findings_key) for t, e in tests.items() if isinstance(e, dict) and e.get(keys.findings_key)}
+        lines.append(f"{tool}: {len(tests)} tests under the probe, {len(hit)} with {keys.findings_label}")
         for test, names in list(hit.items())[:MAX_LINES // 2]:
             lines.append(f"  {test}: {', '.join(map(str, names[:5]))}" + (" ..." if len(names) > 5 else ""))
-        if tool == "free_benchmark":
-            lines += [f"  {line}" for line in risky_table_lines(read_table(ApiRow, data.get("apis")))]
-        elif tool == "online_dispatch":
-            ops = read_table(OpRow, data.get("ops"))
-            failing = sorted((op for op, r in ops.items() if r.failed), key=lambda op: -ops[op].failed)
-            lines.append(f"  {len(ops)} ops compared, {len(failing)} failing"
-                         + (": " + ", ".join(f"{op} ({ops[op].failed} calls)" for op in failing[:5]) if failing else ""))
-        else:
-            params = read_table(ParamRow, data.get("params"))
-            lines.append(f"  {len(params)} parameter(s) with non-finite gradients"
-                         + (": " + ", ".join(list(params)[:5]) if params else ""))
+        table = read_table(keys.row, data.get(keys.table_key))
+        if keys.row is ApiRow:
+            lines += [f"  {line}" for line in risky_table_lines(table)]
+        elif keys.row is OpRow:
+            bad = sorted((op for op, r in table.items() if r.failed), key=lambda op: -table[op].failed)
+            lines.append(f"  {len(table)} ops compared, {len(bad)} failing"
+                         + (": " + ", ".join(f"{op} ({table[op].failed} calls)" for op in bad[:5]) if bad else ""))
+        elif keys.row is ParamRow:
+            lines.append(f"  {len(table)} parameter(s) with non-finite gradients"
+                         + (": " + ", ".join(list(table)[:5]) if table else ""))
         if "probe" in data:
             account = ProbeAccount.from_dict("probe", data["probe"])
-            lines += [f"  {line}" for line in account_lines(account, CHECKED_LABELS[tool])]
+            lines += [f"  {line}" for line in account_lines(account, keys.checked_label)]
     checks = [r for r in data.get("api_checks") or [] if isinstance(r, dict)]
     if checks:
         flagged = [r for r in checks if r.get("flagged")]
@@ -227,8 +218,6 @@ def _session_lines(path: str, data: dict) -> list[str]:
             lines.append(f"  {r.get('api')} [{r.get('dtype')}, {r.get('pert_mode')}]: {r.get('flagged')}")
     rows = [r for r in data.get("catalogue") or [] if isinstance(r, dict)]
     if rows:
-        from pytest_msprobe.catalogue.gate import STATUS_ORDER, failing
-
         statuses = Counter(str(r.get("status", "")) for r in rows)
         order = [s for s in STATUS_ORDER if statuses.get(s)] + sorted(set(statuses) - set(STATUS_ORDER))
         lines.append(f"catalogue: {len(rows)} API x dtype: " + ", ".join(f"{statuses[s]} {s}" for s in order))
@@ -257,7 +246,7 @@ def _findings(name: str, frame) -> list[str]:  # noqa: ANN001 - a pandas DataFra
         low = frame[frame["param"] != "summary"].sort_values("similarity").head(5)
         return [f"lowest: {r['param']} at step {r['step']}: {r['similarity']:.4f}" for _, r in low.iterrows()]
     if name == "catalogue":
-        from pytest_msprobe.catalogue.gate import STATUS_RANK
+        from probes.core.catalogue_status import STATUS_RANK
 
         counts = frame["status"].value_counts().to_dict()
         # failing statuses (regressed, over limit, ...) first, then the largest max ulp

@@ -40,6 +40,16 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from probes.core.session_tables import (
+    ApiRow,
+    OpRow,
+    ParamRow,
+    api_table,
+    op_rows,
+    op_table,
+    read_table,
+    write_table,
+)
 from probes.core.writers import read_csv_rows
 from probes.grad_probe.csv_format import RANK_DIR_RE, SUMMARY_CSV_RE
 
@@ -285,18 +295,7 @@ def load(path: str | os.PathLike[str]) -> Results:
 def _session_frames(pd: Any, root: Path, latest: tuple[str, dict[str, Any]] | None) -> dict[str, Any]:
     """The per-API / per-op / per-parameter tables: the latest session's (summary.json), else the
     tools' own summaries of a training script's dump (one row per API or op over its ranks)."""
-    from pytest_msprobe.reports.tables import (
-        ApiRow,
-        OpRow,
-        ParamRow,
-        api_table,
-        op_rows,
-        op_table,
-        read_table,
-        write_table,
-    )
-
-    kinds = {"apis": ApiRow, "ops": OpRow, "params": ParamRow}
+    kinds = {cls.TABLE: cls for cls in (ApiRow, OpRow, ParamRow)}
     if latest is not None:
         tables = {key: read_table(cls, latest[1].get(key)) for key, cls in kinds.items()}
     else:

@@ -115,7 +115,7 @@ class ProbeSession:
 
     def summary_part(self, outcomes: Mapping[str, str]) -> dict[str, Any]:
         """The session probe's keys of summary.json."""
-        from pytest_msprobe.reports.tables import ProbeAccount, write_table
+        from probes.core.session_tables import ProbeAccount, write_table
 
         task = self.task
         tests = {nodeid: dict(task.entry(r), outcome=outcomes.get(nodeid, "unknown")) for nodeid, r in self.results}
@@ -133,8 +133,8 @@ class ProbeSession:
 
     def lines(self) -> tuple[str, list[str]]:
         """The terminal section's title and lines."""
-        from pytest_msprobe.reports.tables import ProbeAccount
-        from pytest_msprobe.reports.text import account_lines
+        from probes.core.session_tables import ProbeAccount
+        from probes.core.table_text import account_lines
 
         task, lines = self.task, []
         unprobed = ", ".join(f"{n} {reason}" for reason, n in sorted(self.unprobed.items(), key=lambda kv: -kv[1]))
@@ -252,7 +252,7 @@ class PluginSession:
             for line in catalogue_lines(self.catalogue_results, self.catalogue_info):
                 tr.write_line(line)
         if self.api_results:
-            from pytest_msprobe.reports.text import api_check_lines
+            from probes.core.table_text import api_check_lines
 
             tr.section("msprobe per-API checks")
             for line in api_check_lines(self.api_results):

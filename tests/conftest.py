@@ -1,6 +1,12 @@
 import logging
+import sys
+from pathlib import Path
 
 import pytest
+
+# the tests' helper modules (seeded defects, multi-rank jobs, models): importable by name from every
+# test module, and from the ranks they spawn (which inherit sys.path)
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 
 try:  # the simulated NPU's process-global setup must come before this process's first backward
     from pytest_msprobe.testing import prepare as _prepare_simulated_npu

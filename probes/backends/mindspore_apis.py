@@ -24,8 +24,8 @@ import mindspore
 import mindspore.mint.nn.functional as mint_functional
 from mindspore import Tensor, mint, ops
 
-from probes.backends.patching import ApiMeta, _inplace_position, _is_op_callable, call_exclusion
-from probes.free_benchmark import exclusions
+from probes.backends import api_exclusions
+from probes.backends.patching import ApiMeta, call_exclusion, inplace_position, is_op_callable
 
 __all__ = ["FAMILIES", "WHITELIST", "build_catalog", "call_exclusion", "full_name"]
 
@@ -126,13 +126,13 @@ def _entry(prefix: str, owner: Any, name: str) -> ApiMeta | None:
     else:
         value = owner.__dict__.get(name)
         own, had_own = value, True
-    if value is None or not _is_op_callable(value):
+    if value is None or not is_op_callable(value):
         return None  # absent from this MindSpore, or not a function (mint.nn.functional.absolute_import)
     meta = ApiMeta(prefix, name, owner, name, value, own_value=own, had_own=had_own)
-    meta.exclusion = exclusions.exclusion_reason(name)
+    meta.exclusion = api_exclusions.exclusion_reason(name)
     meta.mutates_inputs = name in _MUTATES_INPUTS
     if owner is not Tensor:
-        meta.inplace_pos = _inplace_position(value)
+        meta.inplace_pos = inplace_position(value)
     return meta
 
 

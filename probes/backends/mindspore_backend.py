@@ -37,6 +37,7 @@ from mindspore import Tensor
 from probes.backends import mindspore_autodiff, mindspore_xp
 from probes.backends.base import BackendDefaults, scaled_options
 from probes.core import metrics, scaled
+from probes.core.precision_raise import raised_dtype
 
 mindspore_xp.warm_up()  # NumPy 2: the first operator of a process fails once
 
@@ -237,13 +238,11 @@ class MindSporeBackend(BackendDefaults):
         """improve_precision's raise of one argument leaf (see the torch backend), or None.
         MindSpore's CPU and GPU targets run float64; `on_cpu` does not arise here."""
         if isinstance(x, Tensor):
-            if source == "half":
-                return x.astype(mstype.float32) if x.dtype in _LOW_PRECISION else None
-            return x.astype(mstype.float64) if x.dtype == mstype.float32 else None
+            target = raised_dtype(source, self.dtype_name(x))
+            return None if target is None else x.astype(getattr(mstype, target))
         if isinstance(x, mstype.Float):
-            if source == "half":
-                return mstype.float32 if x in _LOW_PRECISION else None
-            return mstype.float64 if (x in _LOW_PRECISION or x == mstype.float32) else None
+            target = raised_dtype(source, _DTYPE_NAMES.get(x, str(x).lower()), argument=True)
+            return None if target is None else getattr(mstype, target)
         return None
 
     def to_compute(self, t: Any, like: Any) -> Any:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from probes.free_benchmark import exclusions
+from probes.backends import api_exclusions
 
 
 @dataclass(eq=False)
@@ -54,16 +54,16 @@ def call_exclusion(meta: ApiMeta, args: tuple, kwargs: dict) -> str | None:
     """Exclusions that depend on how the API is called (out=, inplace=True)."""
     if kwargs:
         if kwargs.get("out") is not None:
-            return exclusions.OUT_ARG
+            return api_exclusions.OUT_ARG
         if kwargs.get("inplace"):
-            return exclusions.IN_PLACE
+            return api_exclusions.IN_PLACE
     pos = meta.inplace_pos
     if pos is not None and len(args) > pos and args[pos] is True:
-        return exclusions.IN_PLACE
+        return api_exclusions.IN_PLACE
     return None
 
 
-def _inplace_position(fn: Any) -> int | None:
+def inplace_position(fn: Any) -> int | None:
     try:
         params = list(inspect.signature(fn).parameters)
     except (TypeError, ValueError):
@@ -71,7 +71,7 @@ def _inplace_position(fn: Any) -> int | None:
     return params.index("inplace") if "inplace" in params else None
 
 
-def _is_op_callable(value: Any) -> bool:
+def is_op_callable(value: Any) -> bool:
     return callable(value) and not inspect.isclass(value) and not inspect.ismodule(value)
 
 
@@ -79,9 +79,9 @@ class _Depth(threading.local):
     depth = 0
 
 
-_TLS = _Depth()
+TLS = _Depth()
 # The one active call handler (a bound method of the running probe), or None.
-_HANDLER: list[Callable[..., Any] | None] = [None]
+HANDLER: list[Callable[..., Any] | None] = [None]
 # Whether a compiler is tracing the calling code (torch.compiler.is_compiling for PyTorch). A
 # wrapper then calls the original at once, with nothing a compiler cannot trace (no thread-local,
 # no RNG state, no try): a compiled program gets the same graphs with the probe on as without it,
@@ -94,15 +94,15 @@ def set_compiling_check(check: Callable[[], bool]) -> None:
     _COMPILING[0] = check
 
 
-def _make_wrapper(meta: ApiMeta) -> Callable[..., Any]:
+def make_wrapper(meta: ApiMeta) -> Callable[..., Any]:
     original = meta.original
     compiling = _COMPILING[0]
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if compiling():
             return original(*args, **kwargs)
-        handler = _HANDLER[0]
-        tls = _TLS
+        handler = HANDLER[0]
+        tls = TLS
         if handler is None or tls.depth:
             return original(*args, **kwargs)
         tls.depth = 1
@@ -135,11 +135,11 @@ class suspended:
     """Run code with every hook passing straight through (the probe's own re-runs, tests)."""
 
     def __enter__(self) -> None:
-        self._saved = _TLS.depth
-        _TLS.depth = self._saved + 1
+        self._saved = TLS.depth
+        TLS.depth = self._saved + 1
 
     def __exit__(self, *exc: Any) -> None:
-        _TLS.depth = self._saved
+        TLS.depth = self._saved
 
 
 class resumed:
@@ -147,11 +147,11 @@ class resumed:
     outermost calls (the backward stage, for the FP8 matmuls of a pass that Tensor.backward runs)."""
 
     def __enter__(self) -> None:
-        self._saved = _TLS.depth
-        _TLS.depth = 0
+        self._saved = TLS.depth
+        TLS.depth = 0
 
     def __exit__(self, *exc: Any) -> None:
-        _TLS.depth = self._saved
+        TLS.depth = self._saved
 
 
 class ApiPatcher:
@@ -172,7 +172,7 @@ class ApiPatcher:
         self.installed = False
 
     def install(self, handler: Callable[..., Any]) -> None:
-        if _HANDLER[0] is not None:
+        if HANDLER[0] is not None:
             from probes.core.errors import ProbeError
 
             raise ProbeError(
@@ -183,18 +183,18 @@ class ApiPatcher:
         try:
             for meta in self.metas:
                 if meta.wrapper is None:
-                    meta.wrapper = _make_wrapper(meta)
+                    meta.wrapper = make_wrapper(meta)
                 meta.passthrough = id(meta) in self._never  # the catalog's metas are shared by probes
                 setattr(meta.owner, meta.attr, meta.wrapper)
                 done.append(meta)
         except BaseException:
             self._restore(done)
             raise
-        _HANDLER[0] = handler
+        HANDLER[0] = handler
         self.installed = True
 
     def uninstall(self) -> None:
-        _HANDLER[0] = None
+        HANDLER[0] = None
         if self.installed:
             self._restore(self.metas)
             self.installed = False

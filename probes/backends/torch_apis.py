@@ -18,19 +18,18 @@ from typing import Any
 
 import torch
 
-from probes.backends import patching, torch_dtensor, torch_leaves
+from probes.backends import api_exclusions, patching, torch_dtensor, torch_leaves
 from probes.backends.patching import (  # noqa: F401 - re-exported for the torch probe
-    _HANDLER,
-    _TLS,
+    HANDLER,
+    TLS,
     ApiMeta,
     ApiPatcher,
-    _inplace_position,
-    _is_op_callable,
-    _make_wrapper,
+    inplace_position,
+    is_op_callable,
+    make_wrapper,
     set_compiling_check,
     suspended,
 )
-from probes.free_benchmark import exclusions
 
 set_compiling_check(torch.compiler.is_compiling)  # Dynamo traces the original: compiled graphs are judged at the backend
 
@@ -70,7 +69,7 @@ def _module_entries(module: Any, prefix: str, qual_prefix: str, names: list[str]
     metas = []
     for name in names:
         value = module.__dict__.get(name)
-        if value is None or not _is_op_callable(value):
+        if value is None or not is_op_callable(value):
             continue
         mod = getattr(value, "__module__", "") or ""
         if mod.startswith(("typing", "torch.overrides", "torch._jit_internal")) or name.startswith("has_torch_function"):
@@ -112,13 +111,13 @@ def _is_pointwise(name: str) -> bool:
 
 
 def _classify(meta: ApiMeta) -> None:
-    meta.exclusion = exclusions.exclusion_reason(meta.qualname)
+    meta.exclusion = api_exclusions.exclusion_reason(meta.qualname)
     name = meta.qualname.rsplit(".", 1)[-1]
     meta.mutates_inputs = name in _MUTATES_INPUTS
     if meta.exclusion is None and "." not in meta.qualname:  # torch.special.x / linalg.x: not aten names
         meta.pointwise = _is_pointwise(name) and name not in _CANCELLING_POINTWISE
     if meta.prefix == "Functional":
-        meta.inplace_pos = _inplace_position(meta.original)
+        meta.inplace_pos = inplace_position(meta.original)
 
 
 # private torch functions that are a user's math all the same: the FP8 matmul, called directly by
@@ -149,7 +148,7 @@ def _tensor_entries() -> list[ApiMeta]:
         ):
             continue
         value = getattr(cls, name)
-        if not _is_op_callable(value):
+        if not is_op_callable(value):
             continue
         own = cls.__dict__.get(name)
         meta = ApiMeta("Tensor", name, cls, name, value, own_value=own, had_own=name in cls.__dict__)
@@ -203,8 +202,8 @@ def _dynamo_rules() -> dict | None:
 class TorchApiPatcher(ApiPatcher):
     """ApiPatcher that also tells the probe when a torch.optim optimizer step runs (global step
     pre/post hooks, installed and removed with the wrappers): the probe leaves those calls out
-    (exclusions.IN_OPTIMIZER_STEP). A step that raised never runs its post hook, so uninstall
-    closes whatever is still open."""
+    (probes.free_benchmark.exclusions.IN_OPTIMIZER_STEP). A step that raised never runs its post
+    hook, so uninstall closes whatever is still open."""
 
     def __init__(self, metas: tuple[ApiMeta, ...], selects: Any = None, window: Any = None) -> None:
         super().__init__(metas, selects)

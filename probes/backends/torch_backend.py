@@ -10,6 +10,7 @@ import torch
 from probes.backends import torch_autodiff, torch_dtensor, torch_fp8, torch_leaves, torch_memory, torch_xp
 from probes.backends.base import BackendDefaults
 from probes.core import metrics
+from probes.core.precision_raise import raised_dtype
 from probes.core.trees import iter_leaves
 
 try:  # array-api-compat gives the torch namespace the core's formulas are written against
@@ -26,8 +27,7 @@ _DTYPE_NAMES = {
 _INT_VIEW = {"float16": torch.int16, "bfloat16": torch.int16, "float32": torch.int32, "float64": torch.int64,
              # FP8 bytes unsigned: the perturbations clear the sign bit to order them (perturbations.py)
              **{name: torch.uint8 for name in torch_fp8.FP8_TORCH_DTYPES.values()}}
-# Every floating dtype narrower than float32 is raised to float32 by improve_precision (an
-# explicit table, not msprobe's "fp16/bf16 only", which left fp8 as it was or not by argument order).
+# the dtypes improve_precision raises to float32 (probes.core.precision_raise.LOW_PRECISION)
 _LOW_PRECISION = {torch.float16, torch.bfloat16}
 _WIDER_COMPLEX = {("half", torch.complex32): torch.complex64, ("float32", torch.complex64): torch.complex128}
 # Devices whose kernels largely lack float64 (Ascend NPUs, Apple MPS): improve_precision's float64
@@ -106,15 +106,15 @@ class TorchBackend(BackendDefaults):
                 if wider is None:
                     return x.detach().to("cpu") if on_cpu else None
                 return x.detach().to(device="cpu" if on_cpu else x.device, dtype=wider)
+            target = raised_dtype(source, self.dtype_name(x))
+            if target is None:
+                return x.detach().to("cpu") if on_cpu and source != "half" else None
             if source == "half":
-                return x.detach().to(torch.float32) if x.dtype in _LOW_PRECISION else None
-            if x.dtype == torch.float32:
-                return x.detach().to(device="cpu" if on_cpu else x.device, dtype=torch.float64)
-            return x.detach().to("cpu") if on_cpu else None
+                return x.detach().to(torch.float32)
+            return x.detach().to(device="cpu" if on_cpu else x.device, dtype=torch.float64)
         if isinstance(x, torch.dtype) and x.is_floating_point:
-            if source == "half":
-                return torch.float32 if x in _LOW_PRECISION else None
-            return torch.float64 if (x in _LOW_PRECISION or x == torch.float32) else None
+            target = raised_dtype(source, _DTYPE_NAMES.get(x, str(x).replace("torch.", "")), argument=True)
+            return None if target is None else getattr(torch, target)
         return None
 
     def measured_leaves(self, t: Any) -> list[tuple[tuple[str, ...], Any]]:
@@ -184,7 +184,7 @@ class TorchBackend(BackendDefaults):
         """metrics.ratio_reductions for an original leaf `a` and a perturbed leaf `b`, computed
         in place on two temporaries per chunk, each chunk cast to the compute dtype on its own:
         on the CPU a fresh output buffer costs as much as the arithmetic, and no full-size
-        float32 copy of a bf16 output is ever made. tests/test_metrics.py checks it against
+        float32 copy of a bf16 output is ever made. tests/unit/core/test_metrics.py checks it against
         the core formula."""
         dtype = b.dtype if b.dtype in (torch.float32, torch.float64) else torch.float32
         a = a.detach()

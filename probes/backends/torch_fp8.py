@@ -9,7 +9,8 @@ plain FP8 tensors and their *inverse* scales. Neither runs on float32 inputs (th
 refuses ``.float()``, the kernel wants FP8 operands), so improve_precision's usual raise fails
 on them. Their reference is instead the call on the dequantised inputs in float64: the exact
 product of the very FP8 values and scales the kernel multiplied, so a correct kernel scores the
-output's own rounding and nothing else (as online_dispatch's ``_scaled_mm`` reference).
+output's own rounding and nothing else (probes/backends/fp8_references.py, online_dispatch's
+``_scaled_mm`` reference too).
 
 The matmul cannot show a bad scale: its reference starts from the already-cast values. That is
 seen at the cast, where the values before it are at hand: a ``Tensor.to`` to an FP8 dtype
@@ -184,14 +185,14 @@ def _on_host(tree: Any) -> Any:
 
 def scaled_mm_reference(*args: Any, **kwargs: Any) -> Any:
     """``torch._scaled_mm``'s improve_precision re-run: online_dispatch's float64 product of the
-    call's own FP8 operands and scales, on the CPU; a layout it does not model is a skip (NotMeasurable)."""
-    from probes.online_dispatch.reference import NotCompared, scaled_mm
+    call's own FP8 operands and scales (probes/backends/fp8_references.py), on the CPU; a layout it does not model is a skip (NotMeasurable)."""
+    from probes.backends.fp8_references import scaled_mm
 
     args, kwargs = _on_host((args, kwargs))
-    out = scaled_mm(*args, **kwargs)
-    if isinstance(out, NotCompared):
-        raise NotMeasurable(f"torch._scaled_mm: {out.reason}")
-    return out
+    try:
+        return scaled_mm(*args, **kwargs)
+    except NotImplementedError as exc:
+        raise NotMeasurable(f"torch._scaled_mm: {exc}") from exc
 
 
 def quant_matmul_reference(*args: Any, **kwargs: Any) -> Any:

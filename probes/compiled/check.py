@@ -1,18 +1,14 @@
-"""One compiled function, judged on its own: `check_compiled(fn, *inputs)`.
+"""What a check of compiled graphs reports: `CompiledCheck`, the outcome of
+`probes.compiled.check_compiled(fn, *inputs)`, and the lines a failure says about each flagged graph
+(the plugin's reports use them for free_benchmark's and online_dispatch's graphs alike).
 
-For a test that wants just that: ``fn`` is compiled with ``torch.compile`` and run once on the
-inputs under free_benchmark (improve_precision, the scaled rule, compiled graphs only): every graph
-Dynamo captures is judged against its eager program in float64, with the eager kernels' own error
-next to it; with ``backward=True`` the gradients too (a second call, floating inputs made to require
-gradients, with a cotangent of ones for every floating output that requires one). A failing graph names its first failing node and
-leaves a standalone reproduction.
+The check itself is free_benchmark run on the function's graphs (probes/free_benchmark/compiled_check.py):
+it is built on this package, so the graph machinery here never loads a tool.
 """
 
 from __future__ import annotations
 
 import math
-import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,66 +64,3 @@ def _text(v: Any) -> str:
     if isinstance(v, (int, float)):
         return f"{v:.4g}" if math.isfinite(v) else str(v)
     return str(v)
-
-
-def check_compiled(fn: Callable[..., Any], *inputs: Any, backend: Any = "inductor", backward: bool = False,
-                   dump_path: str | Path | None = None, pert_mode: str = "improve_precision",
-                   **compile_kwargs: Any) -> CompiledCheck:
-    """Compile `fn` with torch.compile(backend=..., **compile_kwargs), run it on `inputs` under
-    free_benchmark restricted to compiled graphs, and return the graphs' reports."""
-    import torch
-
-    from probes.pytorch import PrecisionDebugger
-
-    dump = Path(dump_path) if dump_path is not None else Path(tempfile.mkdtemp(prefix="msprobe-compiled-"))
-    if backward:
-        # a function of its inputs only gets gradients through them: inputs that need none are
-        # passed as copies that do (both calls: one compiled graph serves the two stages)
-        inputs = tuple(x.detach().requires_grad_() if isinstance(x, torch.Tensor) and x.is_floating_point()
-                       and not x.requires_grad else x for x in inputs)
-    compiled = torch.compile(fn, backend=backend, **compile_kwargs)
-    section = {"pert_mode": pert_mode, "rule": "scaled", "list": ["Graph"], "compiled_first": 1}
-    forward = PrecisionDebugger(config={"task": "free_benchmark", "dump_path": str(dump / "forward"),
-                                        "free_benchmark": section})
-    with forward:
-        outputs = compiled(*inputs)
-    summaries = [forward.summary()]
-    if backward:
-        stage = PrecisionDebugger(config={"task": "free_benchmark", "dump_path": str(dump / "backward"),
-                                          "free_benchmark": dict(section, fuzz_stage="backward")})
-        with stage:
-            again = compiled(*inputs)
-            leaves = [t for t in _tensors(again) if t.is_floating_point() and t.requires_grad]
-            if leaves:
-                torch.autograd.backward(leaves, [torch.ones_like(t) for t in leaves])
-        summaries.append(stage.summary())
-    return CompiledCheck(outputs, _merged(summaries), dump, summaries)
-
-
-def _tensors(x: Any) -> list[Any]:
-    import torch
-
-    if isinstance(x, torch.Tensor):
-        return [x]
-    if isinstance(x, (list, tuple)):
-        return [t for item in x for t in _tensors(item)]
-    if isinstance(x, dict):
-        return [t for item in x.values() for t in _tensors(item)]
-    return []
-
-
-def _merged(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The forward run's graph reports with the backward run's figures folded in."""
-    graphs: dict[str, dict[str, Any]] = {}
-    for summary in summaries:
-        for g in summary.get("graphs", []):
-            seen = graphs.get(g["graph"])
-            if seen is None:
-                graphs[g["graph"]] = dict(g)
-                continue
-            seen["checked"] += g["checked"]
-            seen["flagged"] += g["flagged"]
-            seen["backward"] = seen.get("backward") or g.get("backward")
-            seen["localisation"] = seen.get("localisation") or g.get("localisation")
-            seen["errors"] = list(seen.get("errors", [])) + list(g.get("errors", []))
-    return list(graphs.values())

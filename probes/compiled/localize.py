@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from probes.compiled.capture import CompiledGraph
-from probes.compiled.runs import Localisation, graph_limit, quiet, upcast
+from probes.compiled.runs import Localisation, graph_limit, quiet, scaled_judge, upcast
 from probes.core.trees import iter_leaves
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
@@ -252,26 +252,3 @@ def _judge_prefix_backward(graph: CompiledGraph, node_name: str, args: tuple, re
     ulps, threshold = judge(out, ref)
     eager_ulps, _threshold = judge(eager, ref)
     return ulps, eager_ulps if not math.isnan(eager_ulps) else math.inf, threshold
-
-
-def scaled_judge(out: Any, reference: Any, stage: str = "forward") -> tuple[float, float]:
-    """(worst ulps, its threshold in ulps) of `out` against its float64 `reference`, by the scaled
-    rule under improve_precision (exact figures), as free_benchmark judges that `stage`."""
-    from probes.backends.torch_backend import BACKEND
-    from probes.core import thresholds as th
-    from probes.free_benchmark.compare import compare_outputs
-
-    tolerance = th.BACKWARD_TOLERANCE if stage == "backward" else None
-    verdicts = [v for v in compare_outputs(BACKEND, out, reference, pert_mode="improve_precision", rule="scaled",
-                                           exact=True, stage=stage, tolerance=tolerance) if "ulps" in v.detail]
-    if not verdicts:
-        return 0.0, math.inf
-
-    def ulps(v: Any) -> float:
-        return math.inf if v.detail.get("nan_mismatch") or v.detail.get("inf_mismatch") else float(v.detail["ulps"])
-
-    def limit(v: Any) -> float:
-        return v.threshold / th.machine_eps(BACKEND.dtype_name(v.leaf))
-
-    worst = max(verdicts, key=lambda v: (not v.consistent, ulps(v) / max(limit(v), 1e-300)))
-    return ulps(worst), limit(worst)

@@ -4,7 +4,8 @@ A graph's eager program (the pristine FX graph Dynamo handed the backend) is the
 every graph check: re-run in float64 (improve_precision), on the CPU (to_cpu, online_dispatch), or
 in its own dtypes (the eager kernels' error, shown next to the compiled one). It always runs with
 the probes' API hooks passing through and no dispatch mode on: its operators are the probe's own
-work, not calls of the user's program.
+work, not calls of the user's program. Its float64 run is judged by `scaled_judge`, here so that
+the localisation (localize.py) and a written reproduction (repro.py) print the same figures.
 """
 
 from __future__ import annotations
@@ -164,3 +165,26 @@ def upcast(x: Any, dtype: torch.dtype = torch.float64, device: Any = None) -> An
     if isinstance(x, torch.Tensor) and device is not None:
         return x.detach().to(device)
     return x
+
+
+def scaled_judge(out: Any, reference: Any, stage: str = "forward") -> tuple[float, float]:
+    """(worst ulps, its threshold in ulps) of `out` against its float64 `reference`, by the scaled
+    rule under improve_precision (exact figures), as free_benchmark judges that `stage`."""
+    from probes.backends.torch_backend import BACKEND
+    from probes.core import thresholds as th
+    from probes.core.scaled_comparison import compare_scaled
+
+    tolerance = th.BACKWARD_TOLERANCE if stage == "backward" else None
+    verdicts = [v for v in compare_scaled(BACKEND, out, reference, pert_mode="improve_precision", exact=True,
+                                          stage=stage, tolerance=tolerance) if "ulps" in v.detail]
+    if not verdicts:
+        return 0.0, math.inf
+
+    def ulps(v: Any) -> float:
+        return math.inf if v.detail.get("nan_mismatch") or v.detail.get("inf_mismatch") else float(v.detail["ulps"])
+
+    def limit(v: Any) -> float:
+        return v.threshold / th.machine_eps(BACKEND.dtype_name(v.leaf))
+
+    worst = max(verdicts, key=lambda v: (not v.consistent, ulps(v) / max(limit(v), 1e-300)))
+    return ulps(worst), limit(worst)

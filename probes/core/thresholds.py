@@ -8,7 +8,7 @@ A limit that means something only with one measure is defined with that measure,
 says so: online_dispatch's documented Cosine / MaxAbsErr rule and its noise floor
 (probes/core/dispatch_metrics.py), the accumulation test ratio's limit (probes/core/accumulation.py),
 the scaled error's row floor (probes/core/scaled.py), the goldens' margins
-(pytest_msprobe/golden/kinds.py) and the API catalogue's gate (pytest_msprobe/catalogue/gate.py).
+(pytest_msprobe/golden/kinds/) and the API catalogue's gate (pytest_msprobe/catalogue/gate.py).
 """
 
 from __future__ import annotations

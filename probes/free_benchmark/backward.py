@@ -45,11 +45,12 @@ from typing import Any
 
 from probes.backends.patching import resumed, suspended
 from probes.core import thresholds as th
-from probes.core.errors import ProbeError
+from probes.core.leaf_verdicts import StructureMismatch, drive
 from probes.core.trees import iter_leaves, replace_at, tree_map
-from probes.free_benchmark.compare import StructureMismatch, comparison, drive
+from probes.free_benchmark.compare import comparison
 from probes.free_benchmark.deferred import held_bytes
 from probes.free_benchmark.perturbations import Cancelled
+from probes.free_benchmark.replay import replay
 
 NOT_RECORDED = "its backward is not recorded (gradient recording is off, e.g. no_grad or inference)"
 NO_GRAD_INPUT = "no floating-point input requires a gradient"
@@ -95,7 +96,7 @@ class _Call:
 
 
 class BackwardCheck:
-    """The backward stage of one FreeBenchmarkProbe (its bookkeeping: _record, _skip, _error)."""
+    """The backward stage of one FreeBenchmarkProbe (what it finds goes to the probe's ledger)."""
 
     def __init__(self, probe: Any) -> None:
         self.probe = probe
@@ -139,23 +140,23 @@ class BackwardCheck:
     def on_call(self, meta: Any, name: str, stats: Any, original: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         probe, b, ad = self.probe, self.backend, self.autodiff
         if not ad.recording():
-            probe._skip(meta.key, NOT_RECORDED)
+            probe.ledger.skip(meta.key, NOT_RECORDED)
             return original(*args, **kwargs)
         grad_at = [(where, path) for where, path, leaf in _float_inputs(b, args, kwargs) if ad.requires_grad(leaf)]
         if not grad_at:
-            probe._skip(meta.key, NO_GRAD_INPUT)
+            probe.ledger.skip(meta.key, NO_GRAD_INPUT)
             return original(*args, **kwargs)
         try:
             call = self._save(meta, name, stats, original, args, kwargs, grad_at)
         except Exception as exc:
-            self._failed(meta.key, name, exc)
+            self.probe.failed(meta.key, name, exc)
             return original(*args, **kwargs)
         out = original(*args, **kwargs)
         try:
             self._attach(call, out, args, kwargs)
         except Exception as exc:
             call.release(unhook=True)
-            self._failed(meta.key, name, exc)
+            self.probe.failed(meta.key, name, exc)
         return out
 
     def _save(self, meta: Any, name: str, stats: Any, original: Callable[..., Any], args: tuple, kwargs: dict,
@@ -190,13 +191,13 @@ class BackwardCheck:
             if b.is_tensor(leaf) and b.is_float(leaf) and ad.requires_grad(leaf):
                 if id(leaf) in inputs:
                     call.release()
-                    probe._skip(call.key, RETURNS_INPUT)
+                    probe.ledger.skip(call.key, RETURNS_INPUT)
                     return
                 paths.append(path)
                 outs.append(leaf)
         if not outs:
             call.release()
-            probe._skip(call.key, NO_GRAD_OUTPUT)
+            probe.ledger.skip(call.key, NO_GRAD_OUTPUT)
             return
         call.out_paths = paths
         # ownership runs one way: graph -> hooks -> _Fire -> call, and the call sees its hooks
@@ -212,7 +213,7 @@ class BackwardCheck:
         self.waiting.clear()
         for key, n in self.attached.items():
             if n > self.fired[key]:
-                self.probe._skip(key, NO_BACKWARD, n - self.fired[key])
+                self.probe.ledger.skip(key, NO_BACKWARD, n - self.fired[key])
         self.attached.clear()
         self.fired.clear()
 
@@ -220,43 +221,39 @@ class BackwardCheck:
     def _check(self, call: _Call, cotangents: list[Any]) -> None:
         probe, b = self.probe, self.backend
         if call.step != probe.current_step:
-            probe._skip(call.key, LATE)
+            probe.ledger.skip(call.key, LATE)
             return
         if call.versions is not None:
             for where, path, v in call.versions:
                 if v is not None and self.autodiff.version(_get(call.args, call.kwargs, where, path)) != v:
-                    probe._skip(call.key, MODIFIED)
+                    probe.ledger.skip(call.key, MODIFIED)
                     return
         pert = probe.perturbation.build(call.args, call.kwargs)
         if isinstance(pert, Cancelled):
-            probe._skip(call.key, pert.reason)
+            probe.ledger.skip(call.key, pert.reason)
             return
         rerun = call.on_host if pert.on_cpu else call.rerun
         if isinstance(rerun, str):
-            probe._skip(call.key, rerun)
+            probe.ledger.skip(call.key, rerun)
             return
         # the perturbed (e.g. float32) inputs are built again after the original VJP, so they and
         # the original recomputation's graph are never alive together (peak memory)
         pert = None
-        after = b.rng_snapshot(None)
-        try:
-            with self.autodiff.recompute(call.context):
-                b.rng_restore(call.rng)
-                g_orig = self._vjp(call, call.args, call.kwargs, cotangents)
-                pert = probe.perturbation.build(call.args, call.kwargs)
-                b.rng_restore(call.rng)
-                g_pert = self._vjp(call, pert.args, pert.kwargs, cotangents, rerun)
-        finally:
-            b.rng_restore(after)
-        move = probe.input_move(pert) if pert is not None else None
+        recompute = self.autodiff.recompute
+        g_orig = replay(b, call.rng, self._vjp, (call, call.args, call.kwargs, cotangents), {},
+                        recompute(call.context))
+        pert = probe.perturbation.build(call.args, call.kwargs)
+        g_pert = replay(b, call.rng, self._vjp, (call, pert.args, pert.kwargs, cotangents, rerun), {},
+                        recompute(call.context))
+        move = probe.input_move(pert)
         pert = None  # free the perturbed inputs before comparing
         pairs = [(i, g, h) for i, (g, h) in enumerate(zip(g_orig, g_pert)) if g is not None or h is not None]
         if any(g is None or h is None for _i, g, h in pairs):
-            probe._skip(call.key, "the perturbed and the original call do not reach the same inputs")
+            probe.ledger.skip(call.key, "the perturbed and the original call do not reach the same inputs")
             return
         original = {i: g for i, g, _h in pairs}
         perturbed = {i: h for i, _g, h in pairs}
-        key, name, stats, step = call.key, call.name, call.stats, call.step
+        key, name, stats, step, ledger = call.key, call.name, call.stats, call.step, probe.ledger
         try:
             check = comparison(b, original, perturbed, pert_mode=probe.fb.pert_mode, tolerance=th.BACKWARD_TOLERANCE,
                                rule=probe.fb.rule, input_move=move, stage="backward", exact=call.review is not None)
@@ -265,26 +262,20 @@ class BackwardCheck:
                 verdicts = review("backward", name, (call.args, call.kwargs),
                                   lambda: self._eager_vjp(call, reference, cotangents), original, perturbed,
                                   drive(b, check))
-                probe._record(key, name, stats, verdicts, step)
+                ledger.record(key, name, stats, verdicts, step)
                 return
             # settled with the step's other checks (deferred.py); the gradients are private to
             # the check, so a later pass reads them as they were
-            probe.verdicts.add(check, lambda verdicts: probe._record(key, name, stats, verdicts, step),
-                               lambda exc: probe._settle_failed(key, name, exc), held_bytes(b, original, perturbed))
+            probe.verdicts.add(check, lambda verdicts: ledger.record(key, name, stats, verdicts, step),
+                               lambda exc: ledger.check_failed(key, name, exc), held_bytes(b, original, perturbed))
         except StructureMismatch as exc:
-            probe._skip(call.key, f"perturbed gradients have another structure ({exc})")
+            probe.ledger.skip(call.key, f"perturbed gradients have another structure ({exc})")
 
     def _eager_vjp(self, call: _Call, reference: Callable[..., Any], cotangents: list[Any]) -> dict[int, Any]:
         """The gradients of a compiled graph's eager program at the saved inputs (its eager
         kernels' result, for the review), numbered as the compared ones."""
-        b = self.backend
-        after = b.rng_snapshot(None)
-        try:
-            with self.autodiff.recompute(call.context):
-                b.rng_restore(call.rng)
-                grads = self._vjp(call, call.args, call.kwargs, cotangents, reference)
-        finally:
-            b.rng_restore(after)
+        grads = replay(self.backend, call.rng, self._vjp, (call, call.args, call.kwargs, cotangents, reference), {},
+                       self.autodiff.recompute(call.context))
         return {i: g for i, g in enumerate(grads) if g is not None}
 
     def _vjp(self, call: _Call, args: tuple, kwargs: dict, cotangents: list[Any],
@@ -311,14 +302,6 @@ class BackwardCheck:
 
         return self.autodiff.vjp(fn, primals, cotangents)
 
-    def _failed(self, key: str, name: str, exc: BaseException) -> None:
-        probe = self.probe
-        if probe._cancelled_by_framework(key, name, exc):
-            return
-        if probe.config.strict:
-            raise ProbeError(f"free_benchmark failed on {name}: {exc}") from exc
-        probe._error(key, name, exc)
-
 
 class _Fire:
     """The one-shot callback handed to the backend: takes the call out of the waiting set,
@@ -341,7 +324,7 @@ class _Fire:
             with suspended():  # the check's own tensor operations are not API calls of the model
                 check(call, cotangents)
         except Exception as exc:
-            driver._failed(call.key, call.name, exc)
+            driver.probe.failed(call.key, call.name, exc)
         finally:
             call.release()
 

@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from probes.core.leaf_verdicts import Comparison
 from probes.core.trees import iter_leaves
-from probes.free_benchmark.compare import Comparison
 
 #: settle when this many comparisons are pending
 MAX_CALLS = 512

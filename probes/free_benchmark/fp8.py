@@ -25,7 +25,7 @@ import math
 from typing import Any
 
 from probes.core import fp8
-from probes.free_benchmark.compare import Comparison, LeafVerdict
+from probes.core.leaf_verdicts import Comparison, LeafVerdict
 
 SATURATED_LIMIT = 0.01
 UNDERFLOWED_LIMIT = 0.5

@@ -32,8 +32,8 @@ from probes.compiled.localize import localise_and_reproduce
 from probes.compiled.runs import EAGER_MARGIN, RANDOM, Figure, GraphReport, graph_limit, quiet, sampled
 from probes.core import thresholds as th
 from probes.core.trees import format_path
+from probes.free_benchmark.call_path import REFERENCE_MODES
 from probes.free_benchmark.compare import compare_outputs
-from probes.free_benchmark.service import REFERENCE_MODES
 
 log = logging.getLogger("probes.free_benchmark")
 GRAPHS_DIR = "graphs"
@@ -66,7 +66,7 @@ class FreeBenchmarkGraphs:
             report.calls += 1
             if graph.random is not None:
                 report.not_checked = RANDOM.format(op=graph.random)
-                probe._skip(graph.key, report.not_checked)
+                probe.ledger.skip(graph.key, report.not_checked)
                 return graph.compiled(*args, **kwargs)
             fb = probe.fb
             if not sampled(report.calls - 1, fb.compiled_first, fb.compiled_every):

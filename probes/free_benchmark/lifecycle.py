@@ -79,7 +79,7 @@ class FreeBenchmarkRun:
         except Exception as exc:
             if self.config.strict:
                 raise ProbeError(f"free_benchmark failed in {where}: {exc}") from exc
-            self.probe._error("free_benchmark", f"{where} at step {self.probe.current_step}", exc)
+            self.probe.ledger.error("free_benchmark", f"{where} at step {self.probe.current_step}", exc)
             try:
                 self.probe.flush()
             except Exception as again:  # the files cannot be written: said in the log, never raised
@@ -90,7 +90,7 @@ class FreeBenchmarkRun:
         """Restore everything and write what is pending (used at exit)."""
         self._uninstall()
         self.probe.running = False
-        self.probe._dirty = True  # steps_seen, which steps alone do not write
+        self.probe.ledger.dirty = True  # steps_seen, which steps alone do not write
         try:
             self.probe.flush()
         except OSError:

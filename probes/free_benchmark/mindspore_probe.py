@@ -1,7 +1,7 @@
 """free_benchmark on MindSpore (PyNative): the generic probe wired to MindSpore's whitelist.
 
 Same config keys, per-call path, perturbations, comparison and output files as PyTorch
-(probes.free_benchmark.service): one CSV per step and rank with the `pert_mode` header (the
+(probes.free_benchmark.call_path): one CSV per step and rank with the `pert_mode` header (the
 reference's MindSpore front-end wrote one `pert_type` CSV for all steps and ranks), the
 symmetric, NaN-aware ratio rule (its one-sided masks missed values going to or from ~0, and one NaN
 hid a whole tensor), validated `list` names (it dropped unknown names silently). Only what is MindSpore's
@@ -23,7 +23,7 @@ import logging
 import re
 from typing import Any
 
-from probes.backends import mindspore_compiled
+from probes.backends import api_exclusions, mindspore_compiled
 from probes.backends.mindspore_apis import build_catalog, call_exclusion, full_name
 from probes.backends.mindspore_backend import BACKEND
 from probes.backends.patching import ApiPatcher
@@ -32,7 +32,8 @@ from probes.core.errors import ConfigError
 from probes.core.hints import did_you_mean
 from probes.free_benchmark import exclusions
 from probes.free_benchmark.lifecycle import FreeBenchmarkRun
-from probes.free_benchmark.service import Checked, FreeBenchmarkProbe, Selection
+from probes.free_benchmark.selection import Selection
+from probes.free_benchmark.service import FreeBenchmarkProbe
 
 log = logging.getLogger("probes.free_benchmark")
 _UNSUPPORTED = re.compile(r"Select (\w+) operator\[(\w+)\] fail! Unsupported data type", re.S)
@@ -55,28 +56,17 @@ class ExactSelection(Selection):
 class _MindSporeProbe(FreeBenchmarkProbe):
     """The generic probe plus MindSpore's "no kernel for this dtype" cancellation."""
 
-    def _check(self, call: Checked) -> None:
-        try:
-            super()._check(call)
-        except (TypeError, RuntimeError, ValueError) as exc:
-            if not self._cancelled_by_framework(call.meta.key, call.name, exc):
-                raise
-
-    def _cancelled_by_framework(self, key: str, name: str, exc: BaseException) -> bool:
+    def cancelled_by_framework(self, key: str, name: str, exc: BaseException) -> bool:
         found = _UNSUPPORTED.search(str(exc)) if isinstance(exc, (TypeError, RuntimeError, ValueError)) else None
         if found is None:
             return False
         self.backend.drain_errors()
         device, kernel = found.groups()
         reason = f"MindSpore's {device} target has no {kernel} kernel for the dtypes of this call; check cancelled"
-        if (key, reason) not in self._logged:
+        if (key, reason) not in self.ledger.skipped:
             log.warning("free_benchmark: %s: %s", name, reason)
-        self._skip(key, reason)
+        self.ledger.skip(key, reason)
         return True
-
-    def _error(self, key: str, name: str, exc: BaseException) -> None:
-        self.backend.drain_errors()  # the failed check's queued operators must not fail later in user code
-        super()._error(key, name, exc)
 
 
 class _CompiledCalls:
@@ -99,7 +89,7 @@ class _CompiledCalls:
         # an optimizer's own jit-compiled construct: its update is excluded anyway (a fused
         # optimizer kernel), so it is no compiled *model* code left unchecked
         if self.probe.active and not isinstance(owner, ms.nn.Optimizer):
-            self.probe._skip(f"Graph.{name}", exclusions.COMPILED)
+            self.probe.ledger.skip(f"Graph.{name}", exclusions.COMPILED)
 
 
 class MindSporeFreeBenchmark(FreeBenchmarkRun):
@@ -122,9 +112,11 @@ class MindSporeFreeBenchmark(FreeBenchmarkRun):
                         "summary.json's not_checked); free_benchmark checks PyNative calls, as msprobe")
         self.config = config
         self.catalog = build_catalog()
-        self.probe = _MindSporeProbe(config, BACKEND, call_exclusion, "mindspore")
+        # a failed check's queued operators are drained before its error is recorded, so they do not
+        # fail later in the user's code
+        self.probe = _MindSporeProbe(config, BACKEND, call_exclusion, "mindspore", BACKEND.drain_errors)
         self._select()
-        self.patcher = ApiPatcher(tuple(m for m in self.catalog if m.exclusion != exclusions.ACCESSOR),
+        self.patcher = ApiPatcher(tuple(m for m in self.catalog if m.exclusion != api_exclusions.ACCESSOR),
                                   self.probe.selection.static)
         self.graphs = _CompiledCalls(self.probe)
         self._register()

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import logging
 
+from probes.backends import api_exclusions
 from probes.backends.torch_apis import TorchApiPatcher, build_catalog, call_exclusion
 from probes.backends.torch_backend import BACKEND
 from probes.core.config import ProbeConfig
 from probes.core.errors import ConfigError
 from probes.core.hints import did_you_mean
-from probes.free_benchmark import exclusions
 from probes.free_benchmark.graphs import GRAPH_PREFIX, FreeBenchmarkGraphs
 from probes.free_benchmark.lifecycle import FreeBenchmarkRun
 from probes.free_benchmark.service import FreeBenchmarkProbe
@@ -32,7 +32,7 @@ class TorchFreeBenchmark(FreeBenchmarkRun):
         if config.free_benchmark.if_preheat:  # PyTorch only, as the reference (MindSpore warns and ignores it)
             self.probe.enable_preheat()
         self._check_selection()
-        self.patcher = TorchApiPatcher(tuple(m for m in self.catalog if m.exclusion != exclusions.ACCESSOR),
+        self.patcher = TorchApiPatcher(tuple(m for m in self.catalog if m.exclusion != api_exclusions.ACCESSOR),
                                        self.probe.selection.static, window=self.probe)
         self.graphs = FreeBenchmarkGraphs(self.probe)
         self._register()

@@ -1,7 +1,7 @@
 """FP8 in the catalogue: ``torch._scaled_mm`` and the casts to FP8, in ulps of their output dtype.
 
 ``_scaled_mm`` has no float64 kernel, so its reference is its definition, the dequantised
-operands multiplied in float64 (probes.online_dispatch.reference.scaled_mm, the one
+operands multiplied in float64 (probes.backends.fp8_references.scaled_mm, the one
 online_dispatch uses). Its cases are named by operand formats and scaling, its dtype is the
 output's (bfloat16, float16, float32); the operands are made as FP8 training makes them (amax
 scaling per tensor, or one scale per row of the left operand and column of the right), with

@@ -62,6 +62,22 @@ from pathlib import Path
 from typing import Any
 
 from probes.core.accumulation import ACCUMULATES_IN, RATIO_LIMIT
+from probes.core.catalogue_status import (
+    ACCEPTED,
+    BROKEN,
+    FLAGGED,
+    MEASURED,
+    NEW,
+    NEWLY_FLAGGED,
+    OK,
+    OVER_LIMIT,
+    REGENERATED,
+    REGRESSED,
+    SKIPPED,
+    STATUS_RANK,
+    failing,
+)
+from probes.core.catalogue_status import FAILING as FAILING  # the gate's verdicts, read as gate.X too
 from probes.core.number_format import short_number
 from probes.core.writers import write_text_atomic
 from pytest_msprobe.catalogue import fp8_ops
@@ -83,18 +99,10 @@ CSV_FILE = "catalogue.csv"
 CSV_HEADER = ["api", "dtype", "device", "samples", "max_ulp", "p99_ulp", "ratio", "free_benchmark", "status",
               "golden_max_ulp", "golden_p99_ulp", "golden", "hardware", "source", "elements", "message"]
 
-OK, ACCEPTED, REGRESSED, NEWLY_FLAGGED, BROKEN = "ok", "accepted", "regressed", "newly flagged", "broken"
-NEW, MEASURED, FLAGGED, REGENERATED, SKIPPED = "new", "measured", "flagged", "regenerated", "skipped"
-OVER_LIMIT = "over limit"
 # APIs whose correct answer is one rounding of the exact value (the FP8 casts): on every machine at
 # most half an ulp, so any figure above it is over the limit, golden or not
 ONE_ROUNDING = frozenset(fp8_ops.CASTS)
 CORRECTLY_ROUNDED_ULP = 0.5
-FAILING = (REGRESSED, OVER_LIMIT, NEWLY_FLAGGED, BROKEN, FLAGGED)
-# the order statuses are listed and sorted in (terminal summary, report): failures first
-STATUS_ORDER = (REGRESSED, OVER_LIMIT, NEWLY_FLAGGED, BROKEN, FLAGGED, ACCEPTED, NEW, MEASURED, REGENERATED, OK,
-                SKIPPED)
-STATUS_RANK = {s: i for i, s in enumerate(STATUS_ORDER)}
 
 
 @dataclass(frozen=True)
@@ -364,10 +372,6 @@ def ulp_text(v: Any, missing: str = "-") -> str:
 def ratio_text(v: Any) -> str:
     """A test ratio as shown: 3 significant digits (it is read against its limit, not to the last ulp)."""
     return short_number(float(v), 3) if isinstance(v, (int, float)) else "-"
-
-
-def failing(result: dict[str, Any]) -> bool:
-    return result.get("status") in FAILING
 
 
 def ulp_sort_value(v: Any) -> float:

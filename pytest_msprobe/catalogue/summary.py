@@ -6,6 +6,7 @@ import os
 from collections import Counter
 from typing import Any
 
+from probes.core.catalogue_status import NEW, STATUS_ORDER
 from pytest_msprobe.catalogue import gate
 
 WORST_LISTED = 10
@@ -15,7 +16,7 @@ def catalogue_lines(results: list[dict[str, Any]], info: dict[str, Any]) -> list
     counts = Counter(r.get("status", "") for r in results)
     devices = sorted({r["device"] for r in results})
     lines = [f"{len(results)} API x dtype on {', '.join(devices)}: "
-             + ", ".join(f"{counts[s]} {s}" for s in gate.STATUS_ORDER if counts.get(s))]
+             + ", ".join(f"{counts[s]} {s}" for s in STATUS_ORDER if counts.get(s))]
     top = gate.worst(results, WORST_LISTED)
     if top:
         lines.append("worst (max ulp / p99 ulp, against a float64 CPU reference):")
@@ -42,7 +43,7 @@ def golden_lines(device: str, identity: Any, stored: list[str], rows: list[dict[
     """Which golden judged the device's rows, and what was gated when this machine has none."""
     folder = f"golden/{gate.golden_name(device, identity.key)}/"
     if identity.key in stored:
-        new = sum(r.get("status") == gate.NEW for r in rows)
+        new = sum(r.get("status") == NEW for r in rows)
         lines = [f"golden: {folder} (this machine: {identity.description})"]
         if new:
             lines.append(f"{new} API x dtype not in this machine's golden yet: --msprobe-regen-golden adds them")

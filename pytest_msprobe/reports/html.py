@@ -22,6 +22,7 @@ from typing import Any
 
 from probes.core.config import TASKS
 from probes.core.errors import ConfigError
+from probes.core.session_tables import ApiRow, OpRow, ParamRow, ProbeAccount, read_table
 from probes.core.writers import write_text_atomic
 from pytest_msprobe.reports.primitives import as_list, esc, mapping
 from pytest_msprobe.reports.sections.api_checks import api_checks_section
@@ -32,7 +33,6 @@ from pytest_msprobe.reports.sections.header import catalogue_header, tool_header
 from pytest_msprobe.reports.sections.ops import ops_section
 from pytest_msprobe.reports.sections.probe import account_section, errors_section
 from pytest_msprobe.reports.sections.tests import graphs_section, tests_section
-from pytest_msprobe.reports.tables import ApiRow, OpRow, ParamRow, ProbeAccount, read_table
 
 CATALOGUE = "catalogue"  # the "tool" of a session that ran the API precision catalogue only
 
@@ -90,7 +90,7 @@ def render_html(session: Mapping[str, Any], out_path: str | os.PathLike[str]) ->
 
 
 def _catalogue(results: Any) -> str:
-    from pytest_msprobe.catalogue.report_section import catalogue_section
+    from pytest_msprobe.reports.sections.catalogue import catalogue_section
 
     return catalogue_section(as_list(results))
 
@@ -101,7 +101,7 @@ def _css() -> str:
 
 
 def _write_doc(out: Path, title: str, parts: list[str]) -> Path:
-    from pytest_msprobe.catalogue.report_section import CSS as CATALOGUE_CSS
+    from pytest_msprobe.reports.sections.catalogue import CSS as CATALOGUE_CSS
 
     doc = (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
            f'<meta name="viewport" content="width=device-width, initial-scale=1">'

@@ -20,8 +20,8 @@ from typing import Any
 
 from probes.core.config import TASKS
 from probes.core.errors import ConfigError
+from probes.core.session_tables import COMPARED_BY_OP, ProbeAccount, failing_ops, write_table
 from probes.core.writers import write_json_atomic
-from pytest_msprobe.reports.tables import COMPARED_BY_OP, ProbeAccount, failing_ops, write_table
 from pytest_msprobe.tools import TOOLS
 
 MERGED_NAME = "summary_merged.json"

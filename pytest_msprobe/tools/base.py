@@ -1,13 +1,15 @@
 """What a tool is to the plugin: one `Tool` descriptor per tool, and the run a fixture hands a test.
 
-A descriptor says everything the plugin, the reports, the golden checks and the command line
-need of its tool: its names and keys, how a test's probe starts and stops, what the session
-keeps of a result (plain dictionaries: xdist workers send them back as JSON), its verdict, its
-session table and terminal lines, what its golden kind reads, how one rank's files read back, and
-the report sections that draw it. Nothing outside the descriptors branches on a tool's name:
-adding a tool is one module in this package and its entry in `pytest_msprobe.tools.TOOLS`.
+A descriptor says everything the plugin, the reports and the golden checks need of its tool:
+its names and keys, how a test's probe starts and stops, what the session keeps of a result
+(plain dictionaries: xdist workers send them back as JSON), its verdict, its session table and
+terminal lines, what its golden kind reads, how one rank's files read back, and the report
+sections that draw it. Nothing outside the descriptors branches on a tool's name:
+adding a tool is one module in this package, its entry in `pytest_msprobe.tools.TOOLS`, and its
+keys in summary.json in `probes.core.tool_keys.TOOL_KEYS` (which the command line reads without
+the plugin).
 
-Every result has the keys the session's account reads (pytest_msprobe.reports.tables.ProbeAccount):
+Every result has the keys the session's account reads (probes.core.session_tables.ProbeAccount):
 "checked", "not_checked" (reason -> calls), "nothing_checked" (why the test gave the probe
 nothing, or None) and "errors" (ProbeError dictionaries), whatever the tool calls them.
 """
@@ -19,7 +21,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable
 
-from pytest_msprobe.reports.tables import ProbeError, short_reason
+from probes.core.session_tables import ProbeError
+from probes.core.table_text import short_reason
+from probes.core.tool_keys import TOOL_KEYS, ToolKeys
 
 KEPT = 50  # findings a test's result keeps (summary.json and the report count every one)
 
@@ -65,11 +69,28 @@ class Tool:
 
     name = ""
     table_title = ""  # the terminal section's title
-    table_key = ""  # the session table's key in summary.json
-    checked_label = ""  # what the account's "checked" counts, for a terminal line
-    findings_key = ""  # a test entry's key listing what it flagged
-    findings_label = ""  # what those are, in a sentence
     run_class: type[ToolRun] = ToolRun  # what the tool's fixture hands a test
+
+    # -- its keys and labels in summary.json: probes.core.tool_keys states them once, for the CLI too --
+    @property
+    def keys(self) -> ToolKeys:
+        return TOOL_KEYS[self.name]
+
+    @property
+    def table_key(self) -> str:
+        return self.keys.table_key
+
+    @property
+    def checked_label(self) -> str:
+        return self.keys.checked_label
+
+    @property
+    def findings_key(self) -> str:
+        return self.keys.findings_key
+
+    @property
+    def findings_label(self) -> str:
+        return self.keys.findings_label
 
     # -- a test under the session's probe -------------------------------------------------------
     def start(self, framework: str, config: Any) -> Any:

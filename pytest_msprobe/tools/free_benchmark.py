@@ -5,9 +5,45 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pytest_msprobe.reports.tables import CHECKED_LABELS, ApiRow, ProbeError, api_table, sort_figure
-from pytest_msprobe.reports.text import failure_message, risky_table_lines
+from probes.core.records import rule_figures
+from probes.core.session_tables import ApiRow, ProbeError, api_table, sort_figure
+from probes.core.table_text import figure_text, risky_table_lines
 from pytest_msprobe.tools.base import KEPT, Results, Tool, ToolRun, nothing_checked
+
+
+def failure_message(nodeid: str, summary: dict[str, Any], limit: int = 10) -> str:
+    """What a failing test prints: each flagged API with its figure, threshold and evidence."""
+    flagged = [(api, s) for api, s in summary["apis"].items() if s["flagged"]]
+    flagged.sort(key=lambda kv: -sort_figure(kv[1]["worst_max_rel"]))
+    section = summary["config"]["free_benchmark"]
+    lines = [f"free_benchmark ({section['pert_mode']}, {section.get('rule', 'reference')} rule) flagged "
+             f"{len(flagged)} API(s) in {nodeid}:"]
+    rows_by_api: dict[str, dict[str, Any]] = {}
+    for row in summary["flagged"]:
+        rows_by_api.setdefault(row["api"], row)
+    for api, s in flagged[:limit]:
+        row = rows_by_api.get(api, {})
+        where = f" output {row.get('output_index')}" if row.get("output_index") not in (None, "") else ""
+        both = rule_figures(row.get("detail") or {})
+        lines.append(
+            f"  {s['first_flagged']}: max_rel {figure_text(s['worst_max_rel'])} > threshold "
+            f"{figure_text(s['threshold'])} ({row.get('dtype', '?')}{where}; {s['flagged']} of {s['checked']} "
+            "checked calls inconsistent)"
+            + (f"\n      {both}" if both else "")
+        )
+    if len(flagged) > limit:
+        lines.append(f"  ... and {len(flagged) - limit} more")
+    graphs = [g for g in summary.get("graphs", []) if g.get("flagged")]
+    if graphs:  # compiled graphs: where they lose it, and how to reproduce it (probes.compiled)
+        from probes.compiled.check import graph_lines
+
+        lines += graph_lines(graphs)
+    csvs = summary.get("csv_files") or []
+    if csvs:
+        lines.append(f"evidence: {csvs[0]}" + (f" (+{len(csvs) - 1} more)" if len(csvs) > 1 else ""))
+    lines.append("next: run this API alone with free_benchmark list=[...] in other modes, or compare it with "
+                 "pert_mode=to_cpu (fuzz_device cpu); use --msprobe-fail-on=never to report without failing.")
+    return "\n".join(lines)
 
 
 class FreeBenchmarkRun(ToolRun):
@@ -52,10 +88,6 @@ class FreeBenchmarkRun(ToolRun):
 class FreeBenchmarkTool(Tool):
     name = "free_benchmark"
     table_title = "risky APIs"
-    table_key = ApiRow.TABLE
-    checked_label = CHECKED_LABELS[name]
-    findings_key = "flagged_apis"
-    findings_label = "flagged APIs"
     run_class = FreeBenchmarkRun
 
     def result_of(self, summary: Mapping[str, Any]) -> dict[str, Any]:

@@ -6,9 +6,63 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pytest_msprobe.reports import grads as grad_report
-from pytest_msprobe.reports.tables import CHECKED_LABELS, ParamRow, ProbeError, param_table
+from probes.core.session_tables import ParamRow, ProbeError, param_table
+from probes.core.table_text import text_table
 from pytest_msprobe.tools.base import Results, Tool, ToolRun, entered
+
+NONFINITE_KEPT = 50
+
+
+def compact(summary: dict[str, Any]) -> dict[str, Any]:
+    """What the session keeps of one test's watch summary."""
+    optimizers = []
+    for opt in summary["optimizers"]:
+        optimizers.append({"dump_path": opt["dump_path"], "params": len(opt["params"]),
+                           "steps_written": len(opt["steps_written"]), "errors": opt["errors"]})
+    return {
+        "framework": summary["framework"],
+        "optimizers": optimizers,
+        "nonfinite": summary["nonfinite"][:NONFINITE_KEPT],
+        "nonfinite_total": len(summary["nonfinite"]),
+        "errors": summary["errors"] + [e for opt in summary["optimizers"] for e in opt["errors"]],
+        "config": summary["config"],
+    }
+
+
+def nonfinite_message(nodeid: str, result: dict[str, Any], limit: int = 10) -> str | None:
+    """What a test with non-finite gradients fails with: each parameter's first, and where to look next."""
+    bad = result["nonfinite"]
+    if not bad:
+        return None
+    first: dict[str, dict[str, Any]] = {}
+    for f in bad:
+        first.setdefault(f["param"], f)
+    lines = [f"grad_probe found non-finite gradients in {nodeid} "
+             f"({len(first)} parameter(s), {result['nonfinite_total']} parameter-step(s)):"]
+    for f in list(first.values())[:limit]:
+        shown = ", ".join(f"{k} {v}" for k, v in f["figures"].items())
+        lines.append(f"  {f['param']}: first at step {f['step']} ({shown}; threshold: finite)")
+    if len(first) > limit:
+        lines.append(f"  ... and {len(first) - limit} more")
+    lines.append(f"evidence: {bad[0]['csv']}")
+    lines.append("next: rerun this test with --msprobe-task=free_benchmark to find the API that loses precision, "
+                 "or look at the loss scale / learning rate of the step before; "
+                 "use --msprobe-fail-on=never to report without failing.")
+    return "\n".join(lines)
+
+
+def nonfinite_table_lines(table: Mapping[str, ParamRow], results: Results) -> list[str]:
+    """The session's non-finite parameters, worst first; with none, one line counting what was checked."""
+    optimizers = sum(len(r["optimizers"]) for _, r in results)
+    param_steps = sum(o["params"] * o["steps_written"] for _, r in results for o in r["optimizers"])
+    if not table:
+        return [f"all gradients finite: {optimizers} optimizer(s), {param_steps} parameter-steps checked "
+                f"in {len(results)} test(s)"]
+    header = ("parameter", "non-finite steps", "first", "tests affected")
+    rows = [(p, str(t.nonfinite_steps), t.first, str(len(t.tests)))
+            for p, t in sorted(table.items(), key=lambda kv: (-kv[1].nonfinite_steps, kv[0]))]
+    return (text_table(header, rows)
+            + [f"{optimizers} optimizer(s), {param_steps} parameter-steps checked in {len(results)} test(s)"])
 
 
 class GradProbeRun(ToolRun):
@@ -79,10 +133,6 @@ def grad_errors(errors: list[Any]) -> list[dict[str, Any]]:
 class GradProbeTool(Tool):
     name = "grad_probe"
     table_title = "non-finite gradients"
-    table_key = ParamRow.TABLE
-    checked_label = CHECKED_LABELS[name]
-    findings_key = "nonfinite_params"
-    findings_label = "non-finite gradients"
     run_class = GradProbeRun
 
     def start(self, framework: str, config: Any) -> Any:
@@ -93,7 +143,7 @@ class GradProbeTool(Tool):
 
     def result_of(self, summary: Mapping[str, Any]) -> dict[str, Any]:
         """What the session keeps of a watch summary with its non-finite findings."""
-        result = grad_report.compact(summary)
+        result = compact(summary)
         result["errors"] = grad_errors(result["errors"])
         result["checked"] = sum(o["params"] * o["steps_written"] for o in result["optimizers"])
         result["not_checked"] = {}
@@ -109,7 +159,7 @@ class GradProbeTool(Tool):
         return sorted({f["param"] for f in result["nonfinite"]})
 
     def failure(self, nodeid: str, result: dict[str, Any]) -> str | None:
-        return grad_report.failure_message(nodeid, result)
+        return nonfinite_message(nodeid, result)
 
     def properties(self, result: dict[str, Any]) -> list[tuple[str, Any]]:
         props: list[tuple[str, Any]] = [("msprobe_param_steps_checked", result["checked"])]
@@ -125,7 +175,7 @@ class GradProbeTool(Tool):
         return param_table((nodeid, r["nonfinite"]) for nodeid, r in results)
 
     def table_lines(self, table: dict[str, ParamRow], results: Results) -> list[str]:
-        return grad_report.table_lines(table, results)
+        return nonfinite_table_lines(table, results)
 
     def golden_input(self, outcome: dict[str, Any], dump: Any) -> Any:
         return dump

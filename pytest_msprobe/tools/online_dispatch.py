@@ -6,8 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable
 
-from pytest_msprobe.reports.tables import (
-    CHECKED_LABELS,
+from probes.core.session_tables import (
     OpRow,
     ProbeError,
     as_number,
@@ -16,7 +15,7 @@ from pytest_msprobe.reports.tables import (
     op_table,
     write_table,
 )
-from pytest_msprobe.reports.text import text_table
+from probes.core.table_text import figure_text, text_table
 from pytest_msprobe.tools.base import KEPT, Results, Tool, ToolRun, entered, nothing_checked
 
 
@@ -128,10 +127,6 @@ def dispatch_failure_message(label: str, summary: dict[str, Any], limit: int = 1
 class OnlineDispatchTool(Tool):
     name = "online_dispatch"
     table_title = "ops that disagree with the CPU reference"
-    table_key = OpRow.TABLE
-    checked_label = CHECKED_LABELS[name]
-    findings_key = "failing_ops"
-    findings_label = "failing ops"
     run_class = OnlineDispatchRun
 
     def start(self, framework: str, config: Any) -> Any:
@@ -193,7 +188,7 @@ class OnlineDispatchTool(Tool):
         header = ("op",) + (("calls compared",) if per_op else ()) + (
             "failing calls", "worst Cosine", "worst MaxAbsErr", "tests affected")
         rows = [(op,) + ((str(t.compared),) if per_op else ()) + (
-                 str(t.failed), _figure(t.worst_cosine), _figure(t.worst_max_abs_err), str(len(t.tests)))
+                 str(t.failed), figure_text(t.worst_cosine), figure_text(t.worst_max_abs_err), str(len(t.tests)))
                 for op, t in sorted(failing.items(), key=lambda kv: (_cosine_key(kv[1].worst_cosine), kv[0]))]
         return text_table(header, rows)
 
@@ -213,10 +208,6 @@ def _split_error(key: str) -> tuple[str, str]:
     """online_dispatch's error keys are "op: what: error": the op, and the rest."""
     op, sep, rest = key.partition(": ")
     return (op, rest) if sep else ("", key)
-
-
-def _figure(v: Any) -> str:
-    return f"{v:.6g}" if isinstance(v, float) else str(v)
 
 
 def _cosine_key(v: Any) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from probes.core.session_tables import ApiRow
 from pytest_msprobe.reports.plots import PLOT_MAX_BARS, hbar_plot
 from pytest_msprobe.reports.primitives import (
     BLUE,
@@ -18,7 +19,6 @@ from pytest_msprobe.reports.primitives import (
     more,
     table,
 )
-from pytest_msprobe.reports.tables import ApiRow
 
 
 def _api_figure(s: ApiRow) -> tuple[float | None, str, bool]:

@@ -7,6 +7,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from probes.core.session_tables import ParamRow
 from probes.core.thresholds import DIRECTION_FIRST_STEP_MIN, DIRECTION_MAX_DROP
 from probes.grad_probe.direction_rule import SUMMARY_ROW, Flag, flag_series
 from pytest_msprobe.reports.plots import similarity_plot
@@ -23,7 +24,6 @@ from pytest_msprobe.reports.primitives import (
     more,
     table,
 )
-from pytest_msprobe.reports.tables import ParamRow
 
 # Bounds of the per-test plots of a grad_probe section: plots shown, lines drawn in one, flags listed.
 SIMILARITY_MAX_PLOTS = 24

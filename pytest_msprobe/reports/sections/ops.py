@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from probes.core.dispatch_metrics import COS_MAX_THRESHOLD, COS_THRESHOLD
+from probes.core.session_tables import OpRow
 from pytest_msprobe.reports.plots import PLOT_MAX_BARS, hbar_plot
 from pytest_msprobe.reports.primitives import (
     RED,
@@ -18,7 +19,6 @@ from pytest_msprobe.reports.primitives import (
     more,
     table,
 )
-from pytest_msprobe.reports.tables import OpRow
 
 
 def _cosine_figure(op: OpRow) -> tuple[float | None, str]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from probes.core.session_tables import ProbeAccount, ProbeError
+from probes.core.tool_keys import CHECKED_LABELS
 from pytest_msprobe.reports.primitives import (
     TABLE_MAX_ROWS,
     anchor,
@@ -17,7 +19,6 @@ from pytest_msprobe.reports.primitives import (
     more,
     table,
 )
-from pytest_msprobe.reports.tables import CHECKED_LABELS, ProbeAccount, ProbeError
 
 ERRORS_LISTED = 200
 

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from probes.core.tool_keys import TOOL_KEYS
 from pytest_msprobe.reports.primitives import (
     MISSING,
     TABLE_MAX_ROWS,
@@ -26,11 +27,7 @@ from pytest_msprobe.reports.primitives import (
 )
 
 # Per tool: the per-test key listing its findings, and what they are called.
-FINDINGS = {
-    "free_benchmark": ("flagged_apis", "flagged APIs"),
-    "grad_probe": ("nonfinite_params", "non-finite gradients"),
-    "online_dispatch": ("failing_ops", "failing ops"),
-}
+FINDINGS = {tool: (keys.findings_key, keys.findings_label) for tool, keys in TOOL_KEYS.items()}
 
 
 def tests_section(tests: Mapping[str, Any], tool: str, base: Path, unit: str = "test") -> str:

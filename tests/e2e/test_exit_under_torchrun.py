@@ -66,7 +66,7 @@ def test_a_two_rank_job_never_aborts_at_exit(tmp_path, tool):
         job = [str(SUPPORT / "exit_job.py"), tool if tool != "free_benchmark" else "none", str(dump)]
         rc, out = _torchrun(job, tmp_path)
         if rc != 0:
-            failures.append(f"run {i}: exit status {rc}\n{out[-2000:]}")
+            failures.append(f"run {i}: exit status {rc}\n{out[:1500]}\n...\n{out[-1500:]}")
             continue
         _check_results(tool, dump)
     assert not failures, f"{len(failures)} of {RUNS} runs failed:\n" + "\n".join(failures)
@@ -81,7 +81,7 @@ def test_the_plugin_under_torchrun_never_aborts_at_exit(tmp_path, task):
                 f"--basetemp={tmp_path / f'base{i}'}", f"--msprobe-dump-path={tmp_path / f'out{i}'}"]
         rc, out = _torchrun(args, tmp_path)
         if rc != 0:
-            failures.append(f"run {i}: exit status {rc}\n{out[-2000:]}")
+            failures.append(f"run {i}: exit status {rc}\n{out[:1500]}\n...\n{out[-1500:]}")
             continue
         # one pytest per rank: each rank's session files in its own folder, never the same file
         for rank in (0, 1):

@@ -45,6 +45,12 @@ def _torchrun(args: list[str], cwd: Path) -> tuple[int, str]:
     return proc.returncode, out
 
 
+def _failed_run(i: int, rc: int, out: str) -> str:
+    """The run's head (where ``terminate called ...`` is printed) and its tail (torchrun's verdict)."""
+    text = out if len(out) <= 3000 else f"{out[:1500]}\n...\n{out[-1500:]}"
+    return f"run {i}: exit status {rc}\n{text}"
+
+
 def _check_results(tool: str, dump: Path) -> None:
     for rank in (0, 1):
         assert (dump / f"done{rank}").exists()
@@ -66,7 +72,7 @@ def test_a_two_rank_job_never_aborts_at_exit(tmp_path, tool):
         job = [str(SUPPORT / "exit_job.py"), tool if tool != "free_benchmark" else "none", str(dump)]
         rc, out = _torchrun(job, tmp_path)
         if rc != 0:
-            failures.append(f"run {i}: exit status {rc}\n{out[:1500]}\n...\n{out[-1500:]}")
+            failures.append(_failed_run(i, rc, out))
             continue
         _check_results(tool, dump)
     assert not failures, f"{len(failures)} of {RUNS} runs failed:\n" + "\n".join(failures)
@@ -81,7 +87,7 @@ def test_the_plugin_under_torchrun_never_aborts_at_exit(tmp_path, task):
                 f"--basetemp={tmp_path / f'base{i}'}", f"--msprobe-dump-path={tmp_path / f'out{i}'}"]
         rc, out = _torchrun(args, tmp_path)
         if rc != 0:
-            failures.append(f"run {i}: exit status {rc}\n{out[:1500]}\n...\n{out[-1500:]}")
+            failures.append(_failed_run(i, rc, out))
             continue
         # one pytest per rank: each rank's session files in its own folder, never the same file
         for rank in (0, 1):

@@ -56,8 +56,9 @@ def main(tool: str, dump: str) -> None:
         time.sleep(0.01)
     # DDP holds the process group: left to the interpreter's final collection, gloo's worker threads
     # end during shutdown and a plain job (no probe) aborts one run in twenty under load. Released
-    # here, the group's threads are joined before the runtime goes, as a careful job does.
-    del model, opt
+    # here (with the debugger, which holds the model), the group's threads are joined before the
+    # runtime goes, as a careful job does.
+    del model, opt, dbg
     gc.collect()
     dist.destroy_process_group()
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-for extra in (ROOT, ROOT / "tests"):
+for extra in (ROOT, ROOT / "tests" / "support"):
     if str(extra) not in sys.path:
         sys.path.insert(0, str(extra))
 

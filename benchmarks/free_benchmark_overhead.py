@@ -144,7 +144,7 @@ class Bench:
         torch.manual_seed(seed)
         self.llama = spec.name.startswith("llama")
         if self.llama:  # 2 layers, hidden 128, batch 4 x 64 tokens (tests/support/llama_model.py)
-            sys.path.insert(0, str(ROOT / "tests"))
+            sys.path.insert(0, str(ROOT / "tests" / "support"))
             from llama_model import VOCAB, tiny_llama, token_batch
 
             self.model = tiny_llama(spec.dtype, seed=seed)
@@ -227,15 +227,22 @@ def probe_counts(dbg: Any) -> dict[str, Any]:
     }
 
 
-def time_interleaved(plain: Callable[[], None], probed: Callable[[], None], repeats: int) -> tuple[list[float], list[float]]:
-    """Seconds of each loop, timed in turn with the order alternating every repeat, so that a
-    drift of the machine (caches, clock, other load) hits both loops alike."""
-    plain_s: list[float] = []
-    probed_s: list[float] = []
+def time_arms(arms: dict[str, Callable[[], None]], repeats: int) -> dict[str, list[float]]:
+    """Seconds of each arm per repeat, the arms timed in turn with the order rotating every repeat
+    (two arms: alternating), so that a drift of the machine (caches, clock, other load) hits all alike."""
+    names = list(arms)
+    out: dict[str, list[float]] = {n: [] for n in names}
     for r in range(repeats):
-        for fn in ((plain, probed) if r % 2 == 0 else (probed, plain)):
-            (plain_s if fn is plain else probed_s).append(_timed(fn))
-    return plain_s, probed_s
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            out[name].append(_timed(arms[name]))
+    return out
+
+
+def time_interleaved(plain: Callable[[], None], probed: Callable[[], None], repeats: int) -> tuple[list[float], list[float]]:
+    """Seconds of each loop, plain and probed interleaved (time_arms)."""
+    t = time_arms({"plain": plain, "probed": probed}, repeats)
+    return t["plain"], t["probed"]
 
 
 def loop_figures(plain_s: list[float], probed_s: list[float], steps: int) -> dict[str, Any]:

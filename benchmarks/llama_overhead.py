@@ -1,10 +1,13 @@
 """Issue 16's table from one script: what each tool costs a training step of a small Llama-style
 transformer (Hugging Face LlamaForCausalLM, random init, 2 layers, hidden 128, batch 4 x 64),
 in time (probed / plain, one process, interleaved repeats) and in device-to-host transfers
-added per step, plus the probes' fixed costs.
+added per step, plus the probes' fixed costs. Beside each ratio it measures the path's floor: plain
+torch code doing the least work the tool must do (FLOORS), timed in the same interleaved rounds,
+so `x floor` = ratio / floor says how far the tool is from what its job costs at least.
 
     python benchmarks/llama_overhead.py                 # ~1-2 min on 2 cores
     python benchmarks/llama_overhead.py --threads 1 --repeats 7 --json results/llama.json
+    python benchmarks/llama_overhead.py --repeats 1 --no-transfers    # a quick check that it runs
 
 Times run on the CPU. Transfers are counted exactly on the simulated NPU
 (pytest_msprobe.testing.simulated_npu): one plain and one probed step there, the difference is
@@ -14,6 +17,7 @@ what the tool adds. Needs torch and transformers (a dev extra, never a runtime d
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import sys
@@ -23,11 +27,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
-for extra in (ROOT, ROOT / "tests"):
+for extra in (ROOT, ROOT / "tests" / "support"):
     if str(extra) not in sys.path:
         sys.path.insert(0, str(extra))
 
+import free_benchmark_overhead as fbo  # noqa: E402
 import torch  # noqa: E402
+from torch.overrides import TorchFunctionMode  # noqa: E402
 
 # path -> (tool, dtype, config section); the targets of issue 16: (time ratio, transfers per step)
 PATHS: dict[str, tuple[str, torch.dtype, dict[str, Any]]] = {
@@ -38,10 +44,20 @@ PATHS: dict[str, tuple[str, torch.dtype, dict[str, Any]]] = {
     "grad_probe L1": ("grad_probe", torch.float32, {"grad_level": "L1"}),
     "online_dispatch": ("online_dispatch", torch.float32, {}),
 }
-TARGETS = {
-    "free_benchmark fp32 no_change": (2.0, 2), "free_benchmark fp32 add_noise": (2.5, 2),
-    "free_benchmark bf16 improve_precision": (1.8, 2), "free_benchmark bf16 bit_noise": (2.5, 2),
-    "grad_probe L1": (1.15, 2), "online_dispatch": (5.0, None),
+TARGETS = {  # issue 36's time targets; issue 16's transfer targets
+    "free_benchmark fp32 no_change": (1.6, 2), "free_benchmark fp32 add_noise": (1.8, 2),
+    "free_benchmark bf16 improve_precision": (1.4, 2), "free_benchmark bf16 bit_noise": (1.5, 2),
+    "grad_probe L1": (1.10, 2), "online_dispatch": (3.5, None),
+}
+LABELS = {"online_dispatch": "online_dispatch fwd+bwd"}  # the key stays: tests and --paths use it
+# path -> what its floor measures (the work the tool cannot avoid, in plain torch), see floor_extra
+FLOORS = {
+    "free_benchmark fp32 no_change": "plain step + one no_grad forward (one re-run of each checked call)",
+    "free_benchmark fp32 add_noise": "the same + one perturbation (x * (1 + eps)) of the first float input of each call",
+    "free_benchmark bf16 improve_precision": "bf16 step + a no_grad forward of a float32 copy of the model",
+    "free_benchmark bf16 bit_noise": "bf16 step + one bf16 no_grad forward + one perturbation per call, as add_noise",
+    "grad_probe L1": "plain step + per-parameter norm/min/max/mean and g > 0 of every gradient, one host copy",
+    "online_dispatch": "float32 step + zero_grad/forward/backward of a float64 copy of the model",
 }
 
 
@@ -69,9 +85,12 @@ class Runner:
         elif tool == "online_dispatch":
             self.disp = PtdbgDispatch(dump_path=dump)
 
-    def _train(self) -> None:
+    def _forward_backward(self) -> None:
         self.opt.zero_grad(set_to_none=True)
         self.model(input_ids=self.ids, labels=self.ids).loss.backward()
+
+    def _train(self) -> None:
+        self._forward_backward()
         self.opt.step()
 
     def step(self) -> None:
@@ -82,9 +101,10 @@ class Runner:
             finally:
                 self.dbg.stop()
             self.dbg.step()
-        elif self.tool == "online_dispatch":
+        elif self.tool == "online_dispatch":  # forward and backward compared, the optimizer step outside
             with self.disp:
-                self._train()
+                self._forward_backward()
+            self.opt.step()
         else:  # plain, or grad_probe (its hooks are on the optimizer)
             self._train()
 
@@ -96,27 +116,103 @@ class Runner:
 
 
 def _timed(fn: Callable[[], None]) -> float:
+    """Seconds of one call, no gc.collect() first (fbo.time_arms collects before each timed step)."""
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
 
 
-def time_ratio(path: str, repeats: int) -> float:
+def _first_float(args: tuple, kwargs: dict) -> torch.Tensor | None:
+    for a in (*args, *kwargs.values()):
+        for t in (a if isinstance(a, (list, tuple)) else (a,)):
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel():
+                return t
+    return None
+
+
+class _FirstInputs(TorchFunctionMode):
+    """Records the first floating-point input of every call that returns a floating-point tensor:
+    what free_benchmark perturbs, one input per checked call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inputs: list[torch.Tensor] = []
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        first = _first_float(args, kwargs)
+        if isinstance(out, torch.Tensor) and out.is_floating_point() and first is not None:
+            self.inputs.append(first.detach())
+        return out
+
+
+def _no_grad_forward(model: Any, ids: torch.Tensor) -> Callable[[], None]:
+    def forward() -> None:
+        with torch.no_grad():
+            model(input_ids=ids, labels=ids)
+    return forward
+
+
+def _grad_stats(model: Any) -> None:
+    stats, signs = [], []
+    for p in model.parameters():
+        if p.grad is not None:
+            g = p.grad
+            stats.append(torch.stack([g.norm(), g.min(), g.max(), g.mean()]))
+            signs.append((g > 0).flatten())
+    torch.stack(stats).cpu().tolist()  # the host copy: statistics, then the signs as one array
+    torch.cat(signs).cpu().numpy()
+
+
+def floor_extra(path: str, base: Runner) -> Callable[[], None]:
+    """What the floor adds to `base`'s plain step for `path` (FLOORS says it in words)."""
+    tool, dtype, section = PATHS[path]
+    if tool == "grad_probe":
+        return lambda: _grad_stats(base.model)
+    if tool == "online_dispatch":
+        f64 = copy.deepcopy(base.model).double()
+
+        def reference() -> None:
+            f64.zero_grad(set_to_none=True)
+            f64(input_ids=base.ids, labels=base.ids).loss.backward()
+        return reference
+    if section["pert_mode"] == "improve_precision":
+        return _no_grad_forward(copy.deepcopy(base.model).float(), base.ids)
+    forward = _no_grad_forward(base.model, base.ids)
+    if section["pert_mode"] == "no_change":
+        return forward
+    recorder = _FirstInputs()
+    with torch.no_grad(), recorder:
+        base.model(input_ids=base.ids, labels=base.ids)
+    inputs, factor = recorder.inputs, 1.0 + torch.finfo(dtype).eps
+
+    def perturbed() -> None:
+        forward()
+        with torch.no_grad():
+            for t in inputs:
+                torch.mul(t, factor)
+    return perturbed
+
+
+def time_ratio(path: str, repeats: int) -> dict[str, Any]:
+    """Plain step, probed step and the floor (plain step + floor_extra), interleaved: ratios of medians."""
     tool, dtype, section = PATHS[path]
     with tempfile.TemporaryDirectory() as dump:
         base, runner = Runner(None, dtype, section, "cpu", dump), Runner(tool, dtype, section, "cpu", dump)
-        base.step()
-        runner.step()  # warm-up of both
-        plain, probed = [], []
-        for r in range(repeats):  # interleaved, the order alternating
-            if r % 2:
-                probed.append(_timed(runner.step))
-                plain.append(_timed(base.step))
-            else:
-                plain.append(_timed(base.step))
-                probed.append(_timed(runner.step))
+        extra = floor_extra(path, base)
+
+        def floor() -> None:
+            base.step()
+            extra()
+        for fn in (base.step, runner.step, floor):  # warm-up of each
+            fn()
+        t = fbo.time_arms({"plain": base.step, "probed": runner.step, "floor": floor}, repeats)
         runner.close()
-    return statistics.median(probed) / statistics.median(plain)
+    plain, probed, fl = (statistics.median(t[k]) for k in ("plain", "probed", "floor"))
+    return {"ratio": probed / plain, "floor": fl / plain, "ratio_over_floor": probed / fl,
+            "ratio_min": min(t["probed"]) / min(t["plain"]), "plain_ms": plain * 1e3, "probed_ms": probed * 1e3,
+            "floor_ms": fl * 1e3, "seconds": t}
 
 
 def transfers(path: str) -> int:
@@ -183,28 +279,51 @@ def main(argv: list[str] | None = None) -> int:
 
         prepare()
     rows = []
+    cpu0, t0 = fbo.cpu_snapshot(), time.perf_counter()
     for path in [p.strip() for p in args.paths.split(",") if p.strip()]:
         if path not in PATHS:
             parser.error(f"--paths entry {path!r}; allowed: {', '.join(PATHS)}")
-        ratio = time_ratio(path, args.repeats)
+        timing = time_ratio(path, args.repeats)
         added = None if args.no_transfers else transfers(path)
-        rows.append({"path": path, "ratio": ratio, "transfers_per_step": added,
-                     "target_ratio": TARGETS[path][0], "target_transfers": TARGETS[path][1]})
+        rows.append({"path": path, "label": LABELS.get(path, path), "ratio": timing.pop("ratio"),
+                     "transfers_per_step": added, "target_ratio": TARGETS[path][0],
+                     "target_transfers": TARGETS[path][1], "floor_measure": FLOORS[path], **timing})
+    others = fbo.other_cpu_load(cpu0, fbo.cpu_snapshot(), time.perf_counter() - t0)
     costs = fixed_costs()
-    print(f"{'path':40} {'probed/plain':>12} {'target':>7} {'transfers/step':>15} {'target':>7}")
-    for r in rows:
-        t = r["transfers_per_step"]
-        tt = r["target_transfers"]
-        print(f"{r['path']:40} {r['ratio']:12.2f} {r['target_ratio']:7.2f} {('n/a' if t is None else t):>15} "
-              f"{('-' if tt is None else tt):>7}")
+    print_table(rows, args.repeats)
+    if others is not None:
+        print(f"CPU used by other processes during the timings: {others:.2f} cores on average"
+              + (" (disturbed: compare 'min x', or rerun on a quiet machine)" if others > 0.25 else ""))
     print(f"\nstart()+stop()+step(), nothing selected: {costs['start_stop_step_ms']:.3f} ms (target 0.3)")
     print(f"unselected call over plain: C API {costs['unselected_c_call_us']:.2f} us, "
           f"Python-level API {costs['unselected_python_call_us']:.2f} us (target 1)")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"threads": torch.get_num_threads(), "rows": rows, "fixed": costs}, indent=1))
+        args.json.write_text(json.dumps({"threads": torch.get_num_threads(), "repeats": args.repeats,
+                                         "other_cpu_load": others, "rows": rows, "fixed": costs}, indent=1))
     return 0
 
+
+def print_table(rows: list[dict[str, Any]], repeats: int) -> None:
+    """Issue 36's table: ratio, target, the floor measured beside it and ratio / floor, then the
+    transfers added per step; a markdown copy below, then what each floor measures."""
+    def cell(v: Any, spec: str = "") -> str:
+        return "-" if v is None else (format(v, spec) if spec else str(v))
+
+    cells = [(r["label"], cell(r["ratio"], ".2f"), cell(r["target_ratio"], ".2f"),
+              "PASS" if r["ratio"] <= r["target_ratio"] else "FAIL", cell(r["floor"], ".2f"),
+              cell(r["ratio_over_floor"], ".2f"), cell(r["ratio_min"], ".2f"), cell(r["plain_ms"], ".1f"),
+              cell(r["transfers_per_step"]), cell(r["target_transfers"])) for r in rows]
+    print(f"\nprobed/plain = median of {repeats} interleaved repeats; floor = (plain step + the floor's work)"
+          " / plain step, timed in the same rounds")
+    fbo.print_columns(("path", "ratio", "target", "", "floor", "x floor", "min x", "plain ms", "transfers/step",
+                       "target"), (40, 6, 6, 4, 6, 7, 6, 8, 14, 6), cells)
+    print("\n| path | ratio | target | the floor | ratio / floor | transfers/step |\n|---|---|---|---|---|---|")
+    for c in cells:
+        print(f"| {c[0]} | {c[1]}x | {c[2]}x | {c[4]}x | {c[5]} | {c[8]} |")
+    print()
+    for r in rows:
+        print(f"floor of {r['label']}: {r['floor_measure']}")
 
 if __name__ == "__main__":
     sys.exit(main())

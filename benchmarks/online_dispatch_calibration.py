@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-for _p in (ROOT, ROOT / "examples", ROOT / "tests"):
+for _p in (ROOT, ROOT / "examples", ROOT / "tests" / "support"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 

@@ -20,8 +20,9 @@ to every run). Each run is ``python -m pytest ARGS -q -p no:cacheprovider --base
 -o junit_family=xunit1 --junitxml=RUNS/<suite>-<task>.xml`` in the suite's directory (``-p
 no:cacheprovider`` and ``--basetemp`` are mandatory on a shared machine: pytest otherwise deletes
 other sessions' tmp folders), plus ``--msprobe-task=<task> --msprobe-fail-on=never
---msprobe-dump-path=RUNS/<suite>-<task>`` for the probed runs. Runs are sequential (2 shared
-cores). stdlib only; not a dependency of the package.
+--msprobe-dump-path=RUNS/<suite>-<task>`` for the probed runs. Each run gets its own
+``TORCHINDUCTOR_CACHE_DIR`` (a fresh temp dir, removed after it), so no run reuses the kernels
+another compiled. Runs are sequential (2 shared cores). stdlib only; not a dependency of the package.
 
 Suites (CPU, pure PyTorch), how to obtain them and their dependencies. Do NOT let pip touch torch
 or numpy: every install is ``--no-deps`` with the missing packages named.
@@ -72,8 +73,10 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import xml.etree.ElementTree as ET
 from collections import Counter
@@ -119,27 +122,41 @@ SUITES["xt"]["args"] = [a.replace("XT_SUBSET", XT_SUBSET) for a in SUITES["xt"][
 FAILED = ("failed", "error")
 
 
+#: a launcher for run_one: torch imported first, then pytest.main, whose duration it prints (interpreter
+#: start and torch's import left out, so a plain run and a probed one pay them alike); collect() reads it
+TIMED_LAUNCHER = [sys.executable, "-c", "import sys, time, torch, pytest; t = time.perf_counter(); "
+                  "rc = pytest.main(sys.argv[1:]); print(f'pytest.main: {time.perf_counter() - t:.6f} s', "
+                  "flush=True); sys.exit(rc)"]
+PYTEST_MAIN_S = re.compile(r"^pytest\.main: ([0-9.]+) s$", re.M)
+
+
 def run_one(name: str, cwd: Path, args: list[str], env: dict[str, str], task: str, runs: Path,
-            basetemp: str, timeout: float, extra: list[str]) -> dict[str, Any]:
+            basetemp: str, timeout: float, extra: list[str], launcher: list[str] | None = None) -> dict[str, Any]:
+    """One pytest run in its own process (`launcher`, default ``python -m pytest``), with a fresh
+    TORCHINDUCTOR_CACHE_DIR (a temp dir per run, removed after it: no run reuses another's
+    compiled kernels)."""
     tag = f"{name}-{task}"
     junit, log, dump = runs / f"{tag}.xml", runs / f"{tag}.log", runs / tag
     for stale in (junit, log):
         if stale.exists():
             stale.unlink()
-    cmd = [sys.executable, "-m", "pytest", *args, "-q", "-p", "no:cacheprovider", f"--basetemp={basetemp}",
-           "-o", "junit_family=xunit1", f"--junitxml={junit}", *extra]
+    cmd = [*(launcher or [sys.executable, "-m", "pytest"]), *args, "-q", "-p", "no:cacheprovider",
+           f"--basetemp={basetemp}", "-o", "junit_family=xunit1", f"--junitxml={junit}", *extra]
     if task != "plain":
         cmd += [f"--msprobe-task={task}", "--msprobe-fail-on=never", f"--msprobe-dump-path={dump}"]
     print(f"[{tag}] {shlex.join(cmd)}  (cwd {cwd})", flush=True)
+    inductor_cache = tempfile.mkdtemp(prefix=f"inductor-{tag}-")
     start = time.perf_counter()
     with open(log, "w") as out:
         out.write(f"# cwd: {cwd}\n# cmd: {shlex.join(cmd)}\n")
         out.flush()
         try:
-            rc = subprocess.run(cmd, cwd=cwd, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT,
-                                timeout=timeout).returncode
+            rc = subprocess.run(cmd, cwd=cwd, env={**os.environ, **env, "TORCHINDUCTOR_CACHE_DIR": inductor_cache},
+                                stdout=out, stderr=subprocess.STDOUT, timeout=timeout).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
+        finally:
+            shutil.rmtree(inductor_cache, ignore_errors=True)
     wall = time.perf_counter() - start
     (runs / f"{tag}.meta.json").write_text(json.dumps({"rc": rc, "wall_s": wall, "cmd": cmd, "cwd": str(cwd),
                                                        "plugin": plugin_state()}))
@@ -168,6 +185,8 @@ def collect(name: str, task: str, runs: Path) -> dict[str, Any]:
                            "tests": parse_junit(runs / f"{tag}.xml"), "log": str(runs / f"{tag}.log")}
     res["counts"] = dict(Counter(t["outcome"] for t in res["tests"].values()))
     res["results_in_log"] = progress_count(runs / f"{tag}.log")
+    main_s = PYTEST_MAIN_S.findall((runs / f"{tag}.log").read_text(errors="replace")) if (runs / f"{tag}.log").exists() else []
+    res["pytest_main_s"] = float(main_s[-1]) if main_s else None  # TIMED_LAUNCHER's figure
     res["crashed"] = not (runs / f"{tag}.xml").exists()
     if task != "plain":
         res.update(parse_dump(runs / tag, task))

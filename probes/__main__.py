@@ -226,38 +226,53 @@ def _session_lines(path: str, data: dict) -> list[str]:
     return lines
 
 
-def _findings(name: str, frame) -> list[str]:  # noqa: ANN001 - a pandas DataFrame
-    """A few lines per table: what to look at first."""
-    if not len(frame):
-        return []
-    if name == "free_benchmark":
-        calls = frame.assign(where=frame["test"] + ":" + frame["call"].astype(str))
-        top = (calls.groupby("api").agg(calls=("where", "nunique"), worst=("max_rel", "max"))
-               .sort_values("worst", ascending=False))
-        return [f"{a}: {int(r['calls'])} inconsistent call{'s' if r['calls'] != 1 else ''}, worst max_rel {r['worst']:.4g}"
-                for a, r in top.head(MAX_LINES // 2).iterrows()]
-    if name == "online_dispatch" and "Accuracy Reached or Not" in frame.columns:
-        failing = frame[frame["Accuracy Reached or Not"].isin(["No", "Unmatched"])]
-        lines = [f"{len(failing)} failing output leaves"]
-        for _, r in failing.head(MAX_LINES // 2).iterrows():
-            lines.append(f"{r.get('NPU Name', '')}: Cosine {r.get('Cosine', '')}, MaxAbsErr {r.get('MaxAbsErr', '')}")
-        return lines
-    if name == "grad_similarities":
-        low = frame[frame["param"] != "summary"].sort_values("similarity").head(5)
-        return [f"lowest: {r['param']} at step {r['step']}: {r['similarity']:.4f}" for _, r in low.iterrows()]
-    if name == "catalogue":
-        from probes.core.catalogue_status import STATUS_RANK
+def _free_benchmark_lines(frame) -> list[str]:  # noqa: ANN001 - a pandas DataFrame
+    calls = frame.assign(where=frame["test"] + ":" + frame["call"].astype(str))
+    top = (calls.groupby("api").agg(calls=("where", "nunique"), worst=("max_rel", "max"))
+           .sort_values("worst", ascending=False))
+    return [f"{a}: {int(r['calls'])} inconsistent call{'s' if r['calls'] != 1 else ''}, worst max_rel {r['worst']:.4g}"
+            for a, r in top.head(MAX_LINES // 2).iterrows()]
 
-        counts = frame["status"].value_counts().to_dict()
-        # failing statuses (regressed, over limit, ...) first, then the largest max ulp
-        order = frame.assign(rank=frame["status"].map(STATUS_RANK).fillna(len(STATUS_RANK)))
-        worst = order.sort_values(["rank", "max_ulp"], ascending=[True, False]).head(5)
-        return [", ".join(f"{v} {k}" for k, v in counts.items())] + [
-            f"{r['api']} {r['dtype']}: max {r['max_ulp']:.4g} ulp, p99 {r['p99_ulp']:.4g} ({r['status']})"
-            for _, r in worst.iterrows()]
-    if name == "grad_stats":
-        return [f"{frame['param'].nunique()} parameters, statistics: {', '.join(sorted(frame['stat'].unique())[:8])}"]
-    return []
+
+def _online_dispatch_lines(frame) -> list[str]:  # noqa: ANN001
+    if "Accuracy Reached or Not" not in frame.columns:
+        return []
+    failing = frame[frame["Accuracy Reached or Not"].isin(["No", "Unmatched"])]
+    lines = [f"{len(failing)} failing output leaves"]
+    for _, r in failing.head(MAX_LINES // 2).iterrows():
+        lines.append(f"{r.get('NPU Name', '')}: Cosine {r.get('Cosine', '')}, MaxAbsErr {r.get('MaxAbsErr', '')}")
+    return lines
+
+
+def _similarity_lines(frame) -> list[str]:  # noqa: ANN001
+    low = frame[frame["param"] != "summary"].sort_values("similarity").head(5)
+    return [f"lowest: {r['param']} at step {r['step']}: {r['similarity']:.4f}" for _, r in low.iterrows()]
+
+
+def _catalogue_lines(frame) -> list[str]:  # noqa: ANN001
+    from probes.core.catalogue_status import STATUS_RANK
+
+    counts = frame["status"].value_counts().to_dict()
+    # failing statuses (regressed, over limit, ...) first, then the largest max ulp
+    order = frame.assign(rank=frame["status"].map(STATUS_RANK).fillna(len(STATUS_RANK)))
+    worst = order.sort_values(["rank", "max_ulp"], ascending=[True, False]).head(5)
+    return [", ".join(f"{v} {k}" for k, v in counts.items())] + [
+        f"{r['api']} {r['dtype']}: max {r['max_ulp']:.4g} ulp, p99 {r['p99_ulp']:.4g} ({r['status']})"
+        for _, r in worst.iterrows()]
+
+
+def _grad_stats_lines(frame) -> list[str]:  # noqa: ANN001
+    return [f"{frame['param'].nunique()} parameters, statistics: {', '.join(sorted(frame['stat'].unique())[:8])}"]
+
+
+# per table of probes.results: a few lines on what to look at first
+_FINDINGS = {"free_benchmark": _free_benchmark_lines, "online_dispatch": _online_dispatch_lines,
+             "grad_similarities": _similarity_lines, "catalogue": _catalogue_lines, "grad_stats": _grad_stats_lines}
+
+
+def _findings(name: str, frame) -> list[str]:  # noqa: ANN001 - a pandas DataFrame
+    lines = _FINDINGS.get(name)
+    return lines(frame) if lines is not None and len(frame) else []
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -40,6 +40,15 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from probes.core.file_names import (
+    CATALOGUE_COLUMNS,
+    CATALOGUE_CSV,
+    DISPATCH_CSV,
+    FREE_BENCHMARK_CSV,
+    GRAD_RANK_DIR,
+    GRAD_SUMMARY_CSV,
+    SIMILARITIES_CSV,
+)
 from probes.core.session_tables import (
     ApiRow,
     OpRow,
@@ -50,23 +59,13 @@ from probes.core.session_tables import (
     read_table,
     write_table,
 )
+from probes.core.tool_keys import TOOL_KEYS
 from probes.core.writers import read_csv_rows
-from probes.grad_probe.csv_format import RANK_DIR_RE, SUMMARY_CSV_RE
 
-FREE_BENCHMARK_CSV = "free_benchmark.csv"
-CATALOGUE_CSV = "catalogue.csv"
-SIMILARITIES_CSV = "similarities.csv"
-_OD_CSV = re.compile(r"^compare_result_rank(\d+)_.*\.csv$")
-_FB_RANK_SUMMARY = re.compile(r"^summary_rank(\d+)\.json$")
-_OD_RUN_DIR = re.compile(r"^msprobe(?:_.+)?_rank(\d+)_\d+$")
 # free_benchmark's api_name is "{api}.{call}.{forward|backward}"; online_dispatch's row names are
 # "{api}_{call}_{input|output}[.{index}...]"
 _FB_CALL = re.compile(r"^(?P<api>.+)\.(?P<call>\d+)\.(?:forward|backward)$")
 _OD_CALL = re.compile(r"^(?P<api>.+?)_(?P<call>\d+)_(?:input|output)(?:\..*)?$")
-# catalogue.csv's columns (pytest_msprobe.catalogue.gate writes it), for the empty frame
-CATALOGUE_COLUMNS = ["api", "dtype", "device", "samples", "max_ulp", "p99_ulp", "ratio", "free_benchmark", "status",
-                     "golden_max_ulp", "golden_p99_ulp", "golden", "hardware", "source", "elements", "message"]
-TOOLS = ("free_benchmark", "grad_probe", "online_dispatch")
 
 GRAD_STATS_COLUMNS = ["test", "rank", "step", "param", "shape", "md5", "stat", "value"]
 SIMILARITY_COLUMNS = ["test", "rank", "param", "step", "similarity"]
@@ -87,34 +86,20 @@ def rank_summary_files(root: str | os.PathLike[str]) -> dict[str, dict[int, list
     free_benchmark ``summary_rank{R}.json`` (``summary.json`` of a one-process run: rank 0),
     grad_probe ``rank{R}/summary.json``, online_dispatch ``msprobe[_tag]_rank{R}_{ts}/summary.json``."""
     root = Path(root)
-    found: dict[str, dict[int, list[Path]]] = {t: {} for t in TOOLS}
+    found: dict[str, dict[int, list[Path]]] = {t: {} for t in TOOL_KEYS}
     if not root.is_dir():
         return found
     for p in sorted(root.iterdir()):
-        m = _FB_RANK_SUMMARY.match(p.name)
-        if m and p.is_file():
-            found["free_benchmark"].setdefault(int(m.group(1)), []).append(p)
-        elif p.name == "summary.json" and p.is_file() and _json_tool(p) == "free_benchmark":
-            found["free_benchmark"].setdefault(0, []).append(p)
-        m = RANK_DIR_RE.match(p.name)
-        if m and (p / "summary.json").is_file():
-            found["grad_probe"].setdefault(int(m.group(1)), []).append(p / "summary.json")
-        m = _OD_RUN_DIR.match(p.name)
-        if m and (p / "summary.json").is_file():
-            found["online_dispatch"].setdefault(int(m.group(1)), []).append(p / "summary.json")
+        for tool, keys in TOOL_KEYS.items():
+            hit = keys.rank_summary(p)
+            if hit is not None:
+                found[tool].setdefault(hit[0], []).append(hit[1])
     return found
-
-
-def _json_tool(path: Path) -> str | None:
-    try:
-        return json.loads(path.read_text(encoding="utf-8")).get("tool")
-    except (OSError, ValueError, AttributeError):
-        return None
 
 
 def _rank_from_parts(parts: tuple[str, ...]) -> int | None:
     for part in reversed(parts):
-        m = RANK_DIR_RE.match(part)
+        m = GRAD_RANK_DIR.match(part)
         if m:
             return int(m.group(1))
     return None
@@ -258,13 +243,13 @@ def load(path: str | os.PathLike[str]) -> Results:
         if name == FREE_BENCHMARK_CSV:
             frame = _free_benchmark_frame(pd, p, tests.of(p))
             fb.append(frame)
-        elif grad_step := SUMMARY_CSV_RE.match(name):
+        elif grad_step := GRAD_SUMMARY_CSV.match(name):
             frame = _grad_frame(pd, p, tests.of(p), _rank_from_parts(parts[:-1]), int(grad_step.group(1)))
             grad.append(frame)
         elif name == SIMILARITIES_CSV:
             frame = _similarity_frame(pd, p, tests.of(p), _rank_from_parts(parts[:-1]))
             sims.append(frame)
-        elif od_rank := _OD_CSV.match(name):
+        elif od_rank := DISPATCH_CSV.match(name):
             frame = _online_dispatch_frame(pd, p, tests.of(p), int(od_rank.group(1)))
             od.append(frame)
         elif name == CATALOGUE_CSV:

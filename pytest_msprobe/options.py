@@ -16,6 +16,7 @@ import pytest
 from probes.backends.devices import DEVICES
 from probes.core.config import TASKS
 from probes.core.rules import FREE_BENCHMARK_RULES
+from probes.core.tool_keys import TOOL_KEYS
 
 __all__ = ["FAIL_ON", "OPTIONS_KEY", "MsprobeOptions", "options_of", "test_dump_path"]
 
@@ -130,22 +131,24 @@ class MsprobeOptions:
 
 
     def _with_rule(self, task: str | None, overrides: dict | None) -> dict | None:
-        """free_benchmark under pytest gates on the scaled rule unless told otherwise: by
-        --msprobe-rule / msprobe_rule (wins), a test's own override, or the config file's
-        "rule". Preheat tunes msprobe's ratio rule, so a run that asks for it keeps that rule."""
-        if task != "free_benchmark":
+        """A tool that gates on its own rule under pytest (probes.core.tool_keys: free_benchmark's
+        scaled rule) gets it unless told otherwise: by --msprobe-rule / msprobe_rule (wins), a
+        test's own override, or the config file's "rule"; a key that keeps the config's rule
+        (free_benchmark's if_preheat) keeps it."""
+        keys = TOOL_KEYS.get(task) if task is not None else None
+        if keys is None or keys.pytest_rule is None:
             return overrides
         given = dict(overrides or {})
         if self.rule_given is not None:
             return {**given, "rule": self.rule_given}
-        if "rule" in given or "free_benchmark.rule" in given:
+        if "rule" in given or f"{task}.rule" in given:
             return overrides
-        section = self._file_section("free_benchmark")
+        section = self._file_section(task)
         if "rule" in section:
             return overrides
-        if given.get("if_preheat", given.get("free_benchmark.if_preheat", section.get("if_preheat"))) is True:
+        if any(given.get(k, given.get(f"{task}.{k}", section.get(k))) is True for k in keys.rule_kept_by):
             return overrides
-        return {**given, "rule": "scaled"}
+        return {**given, "rule": keys.pytest_rule}
 
     def _file_section(self, name: str) -> dict:
         if self.cfg_file is None:

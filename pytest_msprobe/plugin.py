@@ -66,11 +66,11 @@ def pytest_configure(config: pytest.Config) -> None:
     probe = None
     if options.task is not None:
         probe_config = options.probe_config(options.task)
-        if options.task == "free_benchmark" and probe_config.free_benchmark.if_preheat:
-            raise pytest.UsageError(
-                f"--msprobe-config {options.cfg_file}: free_benchmark.if_preheat=true does not fit --msprobe-task: "
-                "each test is one probe run without training steps, and preheat needs a census step and "
-                "preheat_step sampling steps; allowed: if_preheat false here (use preheat in a training script)")
+        from pytest_msprobe.tools import tool
+
+        problem = tool(options.task).session_config_problem(probe_config)
+        if problem:
+            raise pytest.UsageError(f"--msprobe-config {options.cfg_file}: {problem}")
         probe = ProbeSession(probe_config, options.fail_on)
     config.stash[SESSION_KEY] = PluginSession(config, options, probe)
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import re
 
+from probes.core.random_ops import RANDOM_FUNCTIONS, is_random
+
 IN_PLACE = "in-place: re-running it would apply the update to the model twice"
 OUT_ARG = "writes into an out= argument: the re-run would overwrite the real result"
 RANDOM = "random: its output differs between runs by design"
@@ -23,16 +25,6 @@ SIDE_EFFECT = "has side effects on autograd, storage or streams"
 DATA_MOVEMENT = ("moves, copies or casts data without arithmetic: a perturbation would only pass through "
                  "(and a one-ulp bf16 perturbation alone exceeds the bf16 threshold)")
 
-_RANDOM_NAMES = {
-    "dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_dropout", "feature_alpha_dropout",
-    "native_dropout", "rrelu", "rrelu_with_noise", "gumbel_softmax", "bernoulli", "multinomial", "poisson",
-    "normal", "rand", "rand_like", "randn", "randn_like", "randint", "randint_like", "randperm", "binomial",
-    "fractional_max_pool2d", "fractional_max_pool3d", "fractional_max_pool2d_with_indices",
-    "fractional_max_pool3d_with_indices", "random_", "uniform_", "cauchy_", "exponential_", "geometric_",
-    "log_normal_", "normal_", "npu_dropout_with_add_softmax", "npu_random_choice_with_mask", "_npu_dropout",
-    "choice_with_mask", "random_categorical", "uniform_candidate_sampler", "log_uniform_candidate_sampler",
-    "standard_normal", "standard_laplace", "uniform", "gamma", "laplace", "multinomial_with_replacement",
-}
 _UNINITIALISED_NAMES = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
                         "empty_with_format", "empty_permuted", "new"}
 _COLLECTIVE_NAMES = {
@@ -91,7 +83,7 @@ def exclusion_reason(qualname: str) -> str | None:
         return COLLECTIVE
     if _OPTIMIZER_RE.search(qualname):
         return OPTIMIZER
-    if name in _RANDOM_NAMES:
+    if is_random(name, RANDOM_FUNCTIONS):
         return RANDOM
     if name in _UNINITIALISED_NAMES:
         return UNINITIALISED

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
+
+from probes.core.thresholds import FLOAT8_DTYPES
 
 
 class Autodiff(Protocol):
@@ -92,7 +94,36 @@ class Backend(Protocol):
     autodiff: Autodiff  # the backward stage's hooks and vector-Jacobian products
 
 
-class BackendDefaults:
+#: The integer format a float's bits are edited and compared in: the same width, and signed, so
+#: +1 on the view is one ulp away from zero for either sign; FP8 bytes unsigned, as the
+#: perturbations clear the sign bit to order them (probes/free_benchmark/perturbations.py).
+BIT_VIEW_DTYPES: Mapping[str, str] = {"float16": "int16", "bfloat16": "int16", "float32": "int32",
+                                      "float64": "int64", **dict.fromkeys(FLOAT8_DTYPES, "uint8")}
+
+
+def bit_view_table(dtype_of: Callable[[str], Any], names: Iterable[str] = BIT_VIEW_DTYPES) -> dict[Any, Any]:
+    """BIT_VIEW_DTYPES in a framework's own dtypes (`dtype_of` a name, None where the framework
+    lacks it), for the float formats `names` it edits bit by bit. Keyed by the framework's dtype,
+    so a view costs one lookup on the tensor's dtype, not a name's."""
+    table = {dtype_of(name): dtype_of(BIT_VIEW_DTYPES[name]) for name in names}
+    table.pop(None, None)
+    return table
+
+
+class BitViews:
+    """bit_view and from_bit_view for any array type with NumPy's ``view(dtype)``: a backend
+    supplies only its table (bit_view_table), so every framework views a format at one width."""
+
+    bit_dtypes: Mapping[Any, Any] = {}
+
+    def bit_view(self, t: Any) -> Any:
+        return t.view(self.bit_dtypes[t.dtype])
+
+    def from_bit_view(self, bits: Any, like: Any) -> Any:
+        return bits.view(like.dtype)
+
+
+class BackendDefaults(BitViews):
     """Implementations a backend inherits unless it has a faster one of its own."""
 
     def namespace(self, t: Any) -> Any:  # pragma: no cover - every backend defines it

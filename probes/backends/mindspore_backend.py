@@ -24,7 +24,6 @@ real copy) keep the MindSpore path.
 from __future__ import annotations
 
 import types
-import weakref
 from contextlib import nullcontext
 from typing import Any
 
@@ -35,7 +34,8 @@ import numpy as np
 from mindspore import Tensor
 
 from probes.backends import mindspore_autodiff, mindspore_xp
-from probes.backends.base import BackendDefaults, scaled_options
+from probes.backends.base import BackendDefaults, BitViews, bit_view_table, scaled_options
+from probes.backends.mindspore_rng import GeneratorWatch, LazyState
 from probes.core import metrics, scaled
 from probes.core.precision_raise import raised_dtype
 
@@ -47,7 +47,6 @@ _DTYPE_NAMES = {
     mstype.float32: "float32",
     mstype.float64: "float64",
 }
-_INT_VIEW = {"float16": mstype.int16, "bfloat16": mstype.int16, "float32": mstype.int32, "float64": mstype.int64}
 _LOW_PRECISION = {mstype.float16, mstype.bfloat16}
 _FLOATS = set(_DTYPE_NAMES)
 _COMPUTE = (mstype.float32, mstype.float64)
@@ -72,8 +71,10 @@ XP = types.SimpleNamespace(**{k: v for k, v in vars(mindspore_xp).items() if not
 XP.abs = _abs
 
 
-class HostArrays:
+class HostArrays(BitViews):
     """The backend operations the perturbations use, for NumPy arrays (see host_workspace)."""
+
+    bit_dtypes = bit_view_table(np.dtype, ("float16", "float32", "float64"))  # NumPy has no bfloat16
 
     def namespace(self, a: Any) -> Any:
         return np_xp
@@ -87,12 +88,6 @@ class HostArrays:
     def clone(self, a: Any) -> Any:
         return np.array(a, copy=True)
 
-    def bit_view(self, a: Any) -> Any:
-        return a.view(f"int{8 * a.dtype.itemsize}")
-
-    def from_bit_view(self, bits: Any, like: Any) -> Any:
-        return bits.view(like.dtype)
-
 
 HOST_ARRAYS = HostArrays()
 
@@ -102,85 +97,7 @@ def _from_host(a: Any) -> Any:
     return ms.from_numpy(np.ascontiguousarray(a))
 
 
-class _LazyState:
-    """A snapshot of the default generator, taken when its state is first about to change."""
-
-    __slots__ = ("state", "__weakref__")
-
-    def __init__(self) -> None:
-        self.state: Any = None
-
-
-class _GeneratorWatch:
-    """Snapshots of MindSpore's default generator that cost nothing when nothing draws from it.
-
-    ``mindspore.get_rng_state()`` waits for every queued operator (a synchronisation, several ms
-    on a busy CPU), and free_benchmark takes two snapshots and two restores per checked call,
-    although no checked API draws random numbers (random APIs are never re-run). Everything that
-    changes the default generator's state goes through four of its methods (``_step``, called by
-    every random operator when it is dispatched, ``set_state``, ``manual_seed``, ``seed``). While
-    a snapshot is pending, those methods are shadowed on the generator instance by wrappers that
-    read the state before the first change; a restore sets that state back, or does nothing when
-    the state never changed. The wrappers are removed as soon as no snapshot is pending (restored,
-    or dropped on an exception path)."""
-
-    MUTATORS = ("_step", "set_state", "manual_seed", "seed")
-
-    def __init__(self, generator: Any) -> None:
-        self.generator = generator
-        self.pending: weakref.WeakSet[_LazyState] = weakref.WeakSet()
-        self.installed = False
-
-    @classmethod
-    def of_default_generator(cls) -> _GeneratorWatch | None:
-        """None when this MindSpore's generator does not look as described (then snapshots are eager)."""
-        try:
-            from mindspore.common import generator as gen_module
-
-            gen = gen_module.default_generator
-        except Exception:  # pragma: no cover - MindSpore without a default generator
-            return None
-        if not all(callable(getattr(type(gen), m, None)) for m in (*cls.MUTATORS, "get_state")):
-            return None
-        if not hasattr(gen, "__dict__") or getattr(ms, "get_rng_state", None) is None:
-            return None
-        return cls(gen)
-
-    def arm(self) -> _LazyState:
-        token = _LazyState()
-        self.pending.add(token)
-        weakref.finalize(token, self._release)
-        if not self.installed:
-            for name in self.MUTATORS:
-                setattr(self.generator, name, self._wrapper(getattr(self.generator, name)))
-            self.installed = True
-        return token
-
-    def restore(self, token: _LazyState) -> None:
-        self.pending.discard(token)
-        if token.state is not None:
-            self.generator.set_state(token.state)  # through the wrapper: later snapshots see the change
-        self._release()
-
-    def _release(self) -> None:
-        if self.installed and not any(True for _ in self.pending):
-            for name in self.MUTATORS:
-                self.generator.__dict__.pop(name, None)
-            self.installed = False
-
-    def _wrapper(self, method: Any) -> Any:
-        def before_change(*args: Any, **kwargs: Any) -> Any:
-            waiting = [t for t in self.pending if t.state is None]
-            if waiting:
-                state = type(self.generator).get_state(self.generator)
-                for t in waiting:
-                    t.state = state
-            return method(*args, **kwargs)
-
-        return before_change
-
-
-_WATCH = _GeneratorWatch.of_default_generator()
+_WATCH = GeneratorWatch.of_default_generator()  # None: this MindSpore's snapshots are eager
 
 
 def _from_host_bits_bf16(bits: Any) -> Any:
@@ -190,6 +107,8 @@ def _from_host_bits_bf16(bits: Any) -> Any:
 class MindSporeBackend(BackendDefaults):
     name = "mindspore"
     Tensor = Tensor
+    # the floats this backend names (is_float): it edits no FP8 tensor bit by bit
+    bit_dtypes = bit_view_table(lambda name: getattr(mstype, name, None), _DTYPE_NAMES.values())
     _cpu_target: bool | None = None
 
     def is_tensor(self, x: Any) -> bool:
@@ -260,12 +179,6 @@ class MindSporeBackend(BackendDefaults):
 
     def to_float64_cpu(self, t: Any) -> Any:
         return t.astype(mstype.float64)
-
-    def bit_view(self, t: Any) -> Any:
-        return t.view(_INT_VIEW[self.dtype_name(t)])
-
-    def from_bit_view(self, bits: Any, like: Any) -> Any:
-        return bits.view(like.dtype)
 
     def host_floats(self, arrays: list[Any]) -> list[list[float]]:
         """Figures as Python floats; the casts to float64 are NumPy's (exact, and a MindSpore
@@ -348,7 +261,7 @@ class MindSporeBackend(BackendDefaults):
         return no_grad() if no_grad is not None else nullcontext()
 
     def rng_snapshot(self, args: Any) -> Any:
-        """The default generator's state, read only if something changes it (see _GeneratorWatch)."""
+        """The default generator's state, read only if something changes it (mindspore_rng.GeneratorWatch)."""
         if _WATCH is not None:
             return _WATCH.arm()
         try:
@@ -357,7 +270,7 @@ class MindSporeBackend(BackendDefaults):
             return None
 
     def rng_restore(self, snapshot: Any) -> None:
-        if isinstance(snapshot, _LazyState):
+        if isinstance(snapshot, LazyState):
             _WATCH.restore(snapshot)
         elif snapshot is not None:
             ms.set_rng_state(snapshot)

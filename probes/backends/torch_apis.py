@@ -74,11 +74,27 @@ def _module_entries(module: Any, prefix: str, qual_prefix: str, names: list[str]
         mod = getattr(value, "__module__", "") or ""
         if mod.startswith(("typing", "torch.overrides", "torch._jit_internal")) or name.startswith("has_torch_function"):
             continue
-        qual = qual_prefix + name
-        meta = ApiMeta(prefix, qual, module, name, value, own_value=value, had_own=True)
-        _classify(meta)
-        metas.append(meta)
+        metas.append(_meta(prefix, qual_prefix + name, module, name, value, value, True))
     return metas
+
+
+# The metas of earlier catalogs, by key. A probe's catalog is read afresh (a library may have
+# patched an attribute since), but an attribute that still holds the object an earlier catalog
+# saw gets that catalog's meta again: its classification and its wrapper are made once per
+# process, not once per probe (a pytest session starts one probe per test).
+_KNOWN: dict[str, ApiMeta] = {}
+
+
+def _meta(prefix: str, qual: str, owner: Any, attr: str, value: Any, own_value: Any, had_own: bool) -> ApiMeta:
+    known = _KNOWN.get(f"{prefix}.{qual}")
+    if (known is not None and known.owner is owner and known.attr == attr and known.had_own == had_own
+            and (value is known.original or (value is known.wrapper and value is not None))
+            and (own_value is known.own_value or own_value is known.wrapper)):
+        return known  # the same object as before (or our own wrapper of it, installed now)
+    meta = ApiMeta(prefix, qual, owner, attr, value, own_value=own_value, had_own=had_own)
+    _classify(meta)
+    _KNOWN[meta.key] = meta
+    return meta
 
 
 # Python operators and the aten op each computes
@@ -150,10 +166,7 @@ def _tensor_entries() -> list[ApiMeta]:
         value = getattr(cls, name)
         if not is_op_callable(value):
             continue
-        own = cls.__dict__.get(name)
-        meta = ApiMeta("Tensor", name, cls, name, value, own_value=own, had_own=name in cls.__dict__)
-        _classify(meta)
-        metas.append(meta)
+        metas.append(_meta("Tensor", name, cls, name, value, cls.__dict__.get(name), name in cls.__dict__))
     return metas
 
 

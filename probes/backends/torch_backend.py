@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from probes.backends import torch_autodiff, torch_dtensor, torch_fp8, torch_leaves, torch_memory, torch_xp
-from probes.backends.base import BackendDefaults
+from probes.backends.base import BackendDefaults, bit_view_table
 from probes.core import metrics
 from probes.core.precision_raise import raised_dtype
 from probes.core.trees import iter_leaves
@@ -24,9 +24,6 @@ _DTYPE_NAMES = {
     torch.float32: "float32",
     torch.float64: "float64",
 }
-_INT_VIEW = {"float16": torch.int16, "bfloat16": torch.int16, "float32": torch.int32, "float64": torch.int64,
-             # FP8 bytes unsigned: the perturbations clear the sign bit to order them (perturbations.py)
-             **{name: torch.uint8 for name in torch_fp8.FP8_TORCH_DTYPES.values()}}
 # the dtypes improve_precision raises to float32 (probes.core.precision_raise.LOW_PRECISION)
 _LOW_PRECISION = {torch.float16, torch.bfloat16}
 _WIDER_COMPLEX = {("half", torch.complex32): torch.complex64, ("float32", torch.complex64): torch.complex128}
@@ -50,6 +47,7 @@ for _name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnu
 class TorchBackend(BackendDefaults):
     name = "pytorch"
     Tensor = torch.Tensor
+    bit_dtypes = bit_view_table(lambda name: getattr(torch, name, None))  # FP8 formats too
 
     def is_tensor(self, x: Any) -> bool:
         return isinstance(x, torch.Tensor)
@@ -221,12 +219,6 @@ class TorchBackend(BackendDefaults):
 
     def to_float64_cpu(self, t: Any) -> Any:
         return t.detach().to(device="cpu", dtype=torch.float64)
-
-    def bit_view(self, t: Any) -> Any:
-        return t.view(_INT_VIEW[self.dtype_name(t)])
-
-    def from_bit_view(self, bits: Any, like: Any) -> Any:
-        return bits.view(like.dtype)
 
     def host_floats(self, arrays: list[Any]) -> list[list[float]]:
         """One host transfer per device for all the figures of a call."""

@@ -25,15 +25,17 @@ from typing import Any, Protocol
 
 import torch
 
+from probes.core.random_ops import TORCH_RANDOM_FUNCTIONS, is_random
+
 # graph checkers (free_benchmark's, online_dispatch's): the latest installed gets the calls
 _ACTIVE: list[GraphChecker] = []
 _LOCK = threading.Lock()
 _ORIGINAL: dict[str, Any] = {}  # what the hook replaced: "call_user_compiler", "compile"
 _IDS = itertools.count()
 
-RANDOM_TARGETS = ("dropout", "rand", "bernoulli", "normal_", "multinomial", "poisson", "randperm", "uniform",
-                  "exponential", "cauchy", "geometric", "log_normal", "random_", "rrelu",
-                  "scaled_dot_product_attention")
+# attention draws a dropout mask only when dropout_p > 0 (`_no_op_dropout`); matched as a substring,
+# as its fused kernels and the math fallback carry the name
+ATTENTION = "scaled_dot_product_attention"
 
 
 class GraphChecker(Protocol):
@@ -210,7 +212,7 @@ def random_operator(gm: torch.fx.GraphModule) -> str | None:
             if isinstance(module, torch.nn.modules.dropout._DropoutNd) and module.training and module.p > 0:
                 return f"{node.name} ({type(module).__name__})"
             continue
-        if (name == "normal" or any(r in name for r in RANDOM_TARGETS)) and not _no_op_dropout(node, name):
+        if (is_random(name, TORCH_RANDOM_FUNCTIONS) or ATTENTION in name) and not _no_op_dropout(node, name):
             return f"{node.name} ({name})"
     return None
 
@@ -222,7 +224,7 @@ def _argument(node: torch.fx.Node, index: int, name: str, default: Any) -> Any:
 def _no_op_dropout(node: torch.fx.Node, name: str) -> bool:
     """A dropout that draws nothing: p = 0, or not training (F.dropout(x, p, training)),
     scaled_dot_product_attention with dropout_p = 0."""
-    if "scaled_dot_product_attention" in name:
+    if ATTENTION in name:
         return _argument(node, 4, "dropout_p", 0.0) == 0
     if "dropout" in name:
         return _argument(node, 1, "p", 0.5) == 0 or _argument(node, 2, "training", True) is False

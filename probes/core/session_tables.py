@@ -269,7 +269,9 @@ class ProbeAccount(Row):
             first += [dict(e.to_dict(), test=nodeid) for e in found[:ERRORS_SHOWN - len(first)]]
             for reason, n in entry["not_checked"].items():
                 not_checked[reason] = not_checked.get(reason, 0) + n
-        nothing = {nodeid: e["nothing_checked"] for nodeid, e in tests.items() if e["nothing_checked"]}
+        # a test that skipped itself gave the probe nothing by its own choice, not the probe's
+        nothing = {nodeid: e["nothing_checked"] for nodeid, e in tests.items()
+                   if e["nothing_checked"] and e.get("outcome") != "skipped"}
         return cls(len(tests), sum(e["checked"] for e in tests.values()), errors, with_errors, first,
                    dict(sorted(not_checked.items(), key=lambda kv: (-kv[1], kv[0]))), nothing)
 

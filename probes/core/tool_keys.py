@@ -9,7 +9,11 @@ the framework-free core).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
 
+from probes.core import file_names
+from probes.core.rules import SCALED
 from probes.core.session_tables import ApiRow, OpRow, ParamRow, Row
 
 __all__ = ["CHECKED_LABELS", "TOOL_KEYS", "ToolKeys"]
@@ -23,6 +27,14 @@ class ToolKeys:
     findings_key: str  # a test entry's key listing what the probe flagged in it
     findings_label: str  # what those are, in a sentence ("2 tests with failing ops")
     checked_label: str  # what the probe's account counts as "checked", in a sentence
+    # an entry of a dump root -> (rank, that rank's summary.json), or None: how readers find each rank
+    rank_summary: Callable[[Path], tuple[int, Path] | None]
+    # the rule it gates on under pytest unless the user names one (--msprobe-rule, a test's override,
+    # the config file's "rule"); None: the config's own rule
+    pytest_rule: str | None = None
+    # config keys that, set true, keep the config's own rule (free_benchmark's preheat tunes
+    # msprobe's ratio rule, so a run that asks for it keeps that rule)
+    rule_kept_by: tuple[str, ...] = ()
 
     @property
     def table_key(self) -> str:
@@ -30,9 +42,13 @@ class ToolKeys:
 
 
 TOOL_KEYS: dict[str, ToolKeys] = {
-    "free_benchmark": ToolKeys(ApiRow, "flagged_apis", "inconsistent APIs", "API calls checked"),
-    "grad_probe": ToolKeys(ParamRow, "nonfinite_params", "non-finite gradients", "parameter-steps checked"),
-    "online_dispatch": ToolKeys(OpRow, "failing_ops", "failing ops", "op calls compared"),
+    "free_benchmark": ToolKeys(ApiRow, "flagged_apis", "inconsistent APIs", "API calls checked",
+                               file_names.free_benchmark_rank_summary,
+                               pytest_rule=SCALED, rule_kept_by=("if_preheat",)),
+    "grad_probe": ToolKeys(ParamRow, "nonfinite_params", "non-finite gradients", "parameter-steps checked",
+                           file_names.grad_rank_summary),
+    "online_dispatch": ToolKeys(OpRow, "failing_ops", "failing ops", "op calls compared",
+                                file_names.dispatch_rank_summary),
 }
 #: what a session account's "checked" counts, per tool
 CHECKED_LABELS: dict[str, str] = {tool: keys.checked_label for tool, keys in TOOL_KEYS.items()}

@@ -19,6 +19,7 @@ from typing import Any
 
 from probes.core.config import ProbeConfig
 from probes.core.errors import ProbeError
+from probes.core.file_names import FREE_BENCHMARK_CSV, free_benchmark_summary_name
 from probes.core.leaf_verdicts import OutputModified
 from probes.core.records import FREE_BENCHMARK_COLUMNS, FreeBenchmarkRow
 from probes.core.trees import format_path
@@ -27,7 +28,6 @@ from probes.free_benchmark.fp8 import worst_range_use
 
 log = logging.getLogger("probes.free_benchmark")
 
-CSV_NAME = "free_benchmark.csv"
 # Rows kept in memory for summary.json and the plugin; the CSV always gets every row, so a long
 # run that flags the same API every step does not grow the process without bound.
 ROWS_KEPT = 2000
@@ -209,12 +209,11 @@ class Ledger:
 
     # files -------------------------------------------------------------------------------------
     def csv_path(self, step: int) -> Path:
-        return self.dump_path / f"step{step}" / f"rank{self.rank or 0}" / CSV_NAME
+        return self.dump_path / f"step{step}" / f"rank{self.rank or 0}" / FREE_BENCHMARK_CSV
 
     @property
     def summary_path(self) -> Path:
-        name = f"summary_rank{self.rank or 0}.json" if self.distributed else "summary.json"
-        return self.dump_path / name
+        return self.dump_path / free_benchmark_summary_name(self.rank, self.distributed)
 
     def write(self, summary: Callable[[], dict[str, Any]]) -> None:
         """Append the rows still buffered and rewrite summary.json (from `summary()`) when

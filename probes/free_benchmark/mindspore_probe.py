@@ -29,10 +29,9 @@ from probes.backends.mindspore_backend import BACKEND
 from probes.backends.patching import ApiPatcher
 from probes.core.config import ProbeConfig
 from probes.core.errors import ConfigError
-from probes.core.hints import did_you_mean
 from probes.free_benchmark import exclusions
 from probes.free_benchmark.lifecycle import FreeBenchmarkRun
-from probes.free_benchmark.selection import Selection
+from probes.free_benchmark.selection import Selection, note_never_rerun, reject_unmatched
 from probes.free_benchmark.service import FreeBenchmarkProbe
 
 log = logging.getLogger("probes.free_benchmark")
@@ -126,21 +125,14 @@ class MindSporeFreeBenchmark(FreeBenchmarkRun):
         keys = [m.key for m in self.catalog]
         if fb.api_list:
             by_name = {full_name(k): k for k in keys}
-            for entry in fb.api_list:
-                if entry not in by_name:
-                    hint = did_you_mean(entry, by_name, otherwise=(
-                        "entries are full names such as mindspore.ops.add, mindspore.Tensor.__add__, "
-                        "mindspore.mint.matmul, mindspore.mint.nn.functional.relu"))
-                    raise ConfigError("free_benchmark.list", entry,
-                                      "it is not an API of the MindSpore free_benchmark whitelist in this MindSpore",
-                                      hint)
+            reject_unmatched("free_benchmark.list", [e for e in fb.api_list if e not in by_name], by_name,
+                             "it is not an API of the MindSpore free_benchmark whitelist in this MindSpore",
+                             "entries are full names such as mindspore.ops.add, mindspore.Tensor.__add__, "
+                             "mindspore.mint.matmul, mindspore.mint.nn.functional.relu")
             chosen = frozenset(by_name[e] for e in fb.api_list)
             self.probe.selection = ExactSelection(chosen, fb.fuzz_stage)
-            for m in self.catalog:
-                if m.key in chosen and m.exclusion:
-                    log.info("free_benchmark: %s is listed but is never re-run: %s", full_name(m.key), m.exclusion)
+            note_never_rerun((full_name(m.key), m.exclusion) for m in self.catalog if m.key in chosen and m.exclusion)
         elif fb.scope:  # PyTorch-style exact call names (Functional.add.0.forward)
-            bad = self.probe.selection.unmatched(keys)
-            if bad:
-                raise ConfigError("free_benchmark.scope", bad[0], "it names no MindSpore API that free_benchmark hooks",
-                                  "scope entries are call names such as Functional.add.0.forward")
+            reject_unmatched("free_benchmark.scope", self.probe.selection.unmatched(keys), (),
+                             "it names no MindSpore API that free_benchmark hooks",
+                             "scope entries are call names such as Functional.add.0.forward")

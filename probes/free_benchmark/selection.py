@@ -4,9 +4,16 @@ the per-call path of an unselected API builds no name."""
 
 from __future__ import annotations
 
+import itertools
+import logging
 import re
+from collections.abc import Collection, Iterable
 
+from probes.core.errors import ConfigError
+from probes.core.hints import did_you_mean
 from probes.free_benchmark.backward import PASS_ENTRIES
+
+log = logging.getLogger("probes.free_benchmark")
 
 _CALL_INDEX = re.compile(r"\.\d+$")
 
@@ -64,3 +71,20 @@ class Selection:
             if s.rsplit(".", 2)[0] not in keys:
                 bad.append(s)
         return bad
+
+
+def reject_unmatched(key: str, unmatched: Iterable[str], names: Collection[str], allowed: str, example: str,
+                     cutoff: float = 0.6) -> None:
+    """Refuse the first `list`/`scope` entry (under config `key`) that selects no API: a typo
+    would otherwise check nothing and pass. The error says what `allowed` entries are and suggests
+    the closest of `names` (the call's stage left off), else shows an `example`."""
+    for entry in unmatched:
+        hint = did_you_mean(entry.split(".forward")[0], names, cutoff=cutoff, otherwise=example)
+        raise ConfigError(key, entry, allowed, hint)
+
+
+def note_never_rerun(selected: Iterable[tuple[str, str]], most: int = 20) -> None:
+    """Log the selected APIs that are excluded anyway (name, reason), so a user who listed one is
+    told why it has no row; a broad substring list stops at `most`."""
+    for name, reason in itertools.islice(selected, most):
+        log.info("free_benchmark: %s is selected but is never re-run: %s", name, reason)

@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import logging
-
 from probes.backends import api_exclusions
 from probes.backends.torch_apis import TorchApiPatcher, build_catalog, call_exclusion
 from probes.backends.torch_backend import BACKEND
 from probes.core.config import ProbeConfig
-from probes.core.errors import ConfigError
-from probes.core.hints import did_you_mean
 from probes.free_benchmark.graphs import GRAPH_PREFIX, FreeBenchmarkGraphs
 from probes.free_benchmark.lifecycle import FreeBenchmarkRun
+from probes.free_benchmark.selection import note_never_rerun, reject_unmatched
 from probes.free_benchmark.service import FreeBenchmarkProbe
-
-log = logging.getLogger("probes.free_benchmark")
 
 
 class TorchFreeBenchmark(FreeBenchmarkRun):
@@ -38,17 +33,13 @@ class TorchFreeBenchmark(FreeBenchmarkRun):
         self._register()
 
     def _check_selection(self) -> None:
+        fb = self.config.free_benchmark
         keys = [m.key for m in self.catalog]
         # "Graph..." entries select torch.compile graphs (probes/free_benchmark/graphs.py), named when compiled
         bad = [e for e in self.probe.selection.unmatched(keys) if not e.startswith(GRAPH_PREFIX)]
-        if bad:
-            key = "free_benchmark.scope" if self.config.free_benchmark.scope else "free_benchmark.list"
-            hint = did_you_mean(bad[0].split(".forward")[0], keys, cutoff=0.5,
-                                otherwise="entries are substrings of names like Functional.softmax or Torch.matmul")
-            raise ConfigError(key, bad[0], "it selects no PyTorch API that free_benchmark can hook", hint)
-        selected_excluded = [
-            m for m in self.catalog
-            if m.exclusion and self.config.free_benchmark.api_list and self.probe.selection.static(m.key)
-        ]
-        for m in selected_excluded[:20]:
-            log.info("free_benchmark: %s matches the list but is never re-run: %s", m.key, m.exclusion)
+        reject_unmatched("free_benchmark.scope" if fb.scope else "free_benchmark.list", bad, keys,
+                         "it selects no PyTorch API that free_benchmark can hook",
+                         "entries are substrings of names like Functional.softmax or Torch.matmul", cutoff=0.5)
+        if fb.api_list:
+            note_never_rerun((m.key, m.exclusion) for m in self.catalog
+                             if m.exclusion and self.probe.selection.static(m.key))

@@ -8,6 +8,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from probes.core.file_names import SIMILARITIES_CSV
 from probes.core.writers import CsvAppender, write_json_atomic
 from probes.grad_probe.comparison import EMPTY, DistributedGradComparison, GradComparison
 from probes.grad_probe.direction_rule import SUMMARY_ROW
@@ -16,7 +17,6 @@ from probes.grad_probe.progress import with_progress
 # the comparator's logger: what a user filters on when a comparison replaces or skips a file
 log = logging.getLogger("probes.grad_probe.comparator")
 
-SIMILARITIES_CSV = "similarities.csv"
 SUMMARY_JSON = "summary.json"
 CSV_ENCODING = "utf-8-sig"
 CSV_NEWLINE = "\r\n"

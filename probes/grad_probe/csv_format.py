@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
+from probes.core.file_names import GRAD_RANK_DIR, GRAD_SUMMARY_CSV
 from probes.core.writers import UMASK, write_text_atomic
 from probes.grad_probe.stats import FP8_HEALTH_FIGURES, Bound, GradStats
 
@@ -93,8 +94,8 @@ def render_csv(rows: Iterable[Sequence[Any]]) -> str:
 
 
 # the names of a dump's rank folders and step summaries (readers match them: comparator, probes.results)
-RANK_DIR_RE = re.compile(r"^rank(\d+)$")
-SUMMARY_CSV_RE = re.compile(r"^grad_summary_(\d+)\.csv$")
+RANK_DIR_RE = GRAD_RANK_DIR  # the names every reader finds them by (probes.core.file_names)
+SUMMARY_CSV_RE = GRAD_SUMMARY_CSV
 
 
 def summary_csv_path(root: str | os.PathLike[str], rank: int, step: int) -> Path:

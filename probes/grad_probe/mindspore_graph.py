@@ -39,6 +39,7 @@ from mindspore import nn, ops
 
 from probes.backends import mindspore_xp
 from probes.grad_probe import stats
+from probes.grad_probe.mindspore_figures import synchronize
 
 _CLASSES: dict[tuple[type, bool], type] = {}
 _XP = mindspore_xp.compiled_namespace()  # the statistics' array namespace inside the graph
@@ -81,7 +82,7 @@ class GraphBuffers(nn.Cell):
         """The number of optimizer calls compiled steps made. The device is synchronised first:
         the graph's writes into the buffers run asynchronously, and a Parameter's host copy does
         not wait for all of them (a read could see the previous step's directions)."""
-        _synchronize()
+        synchronize()
         return int(self.count.asnumpy())
 
     def read(self) -> tuple[list[list[float]], list[np.ndarray | None], list[np.ndarray | None]]:
@@ -133,7 +134,7 @@ def _call(self: Any, *args: Any, **kwargs: Any) -> Any:
     """Called from Python: the monitor's host path, then the original construct, as without it."""
     monitor = self._msprobe_monitor()
     if monitor is not None:
-        monitor._hook(self, args)
+        monitor.on_call(self, args)
     cls = type(self)
     object.__setattr__(self, "construct", getattr(cls, ORIGINAL).__get__(self))  # this call runs the optimizer's own
     try:
@@ -201,9 +202,3 @@ def uninstall(optimizer: Any) -> None:
             delattr(optimizer, name)
         except AttributeError:
             pass
-
-
-def _synchronize() -> None:
-    sync = getattr(getattr(ms, "runtime", None), "synchronize", None)
-    if sync is not None:
-        sync()

@@ -3,7 +3,7 @@ same files as the PyTorch monitor, in PyNative, in GRAPH_MODE and under ``mindsp
 
 ``MindSporeGradMonitor(config, optimizer)`` gives the optimizer a monitored class of its own
 (probes/grad_probe/mindspore_graph.py). Called from Python, the optimizer's input ``(gradients,)``
-reaches :meth:`_hook` first (the host path below), then the optimizer's own ``construct`` runs as
+reaches :meth:`on_call` first (the host path below), then the optimizer's own ``construct`` runs as
 without the monitor; called inside a compiled graph, the graph writes the statistics into the
 monitor's buffers and :meth:`graph_step` reads them after the compiled call. Gradient *i* belongs to
 parameter *i* of ``optimizer._parameters`` (or ``optimizer.parameters``), named by
@@ -59,29 +59,20 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import array_api_compat.numpy as np_xp
 import mindspore as ms
-import numpy as np
 
 from probes.backends import mindspore_compiled
 from probes.backends import mindspore_xp as xp
-from probes.backends.mindspore_backend import BACKEND
 from probes.core.config import ProbeConfig
 from probes.core.errors import ProbeError
-from probes.grad_probe import csv_format, mindspore_graph, stats
+from probes.grad_probe import mindspore_graph, stats
+from probes.grad_probe.mindspore_figures import MindSporeStepFigures
 from probes.grad_probe.monitor_common import MonitorBase, check_param_list
+from probes.grad_probe.step_files import StepFigure, dump_step, write_step_figures
 
 __all__ = ["GradMonitor", "MindSporeGradMonitor"]
 
 log = logging.getLogger("probes.grad_probe")
-
-_FLOATS = {
-    xp.float16: "float16",
-    xp.bfloat16: "bfloat16",
-    xp.float32: "float32",
-    xp.float64: "float64",
-}
-_LOW_PRECISION = ("float16", "bfloat16")
 
 
 class MindSporeGradMonitor(MonitorBase):
@@ -164,7 +155,7 @@ class MindSporeGradMonitor(MonitorBase):
             return 0
 
     # ------------------------------------------------------------------ the two paths
-    def _hook(self, cell: Any, inputs: Any) -> None:
+    def on_call(self, cell: Any, inputs: Any) -> None:
         """The optimizer called from Python: statistics of its input gradients, on the host."""
         if self._closed:
             return
@@ -176,7 +167,7 @@ class MindSporeGradMonitor(MonitorBase):
             self._dump(count, self._gradients(inputs))
             self.steps_by_path["host"] += 1
         except Exception as exc:  # never break the training loop unless strict
-            self._record_error(count, None, exc)
+            self.record_error(count, None, exc)
             if self.config.strict:
                 raise self._strict_failure(count, exc) from exc
 
@@ -202,7 +193,7 @@ class MindSporeGradMonitor(MonitorBase):
                 self._dump_buffers(step)
                 self.steps_by_path["graph"] += 1
         except Exception as exc:  # never break the training loop unless strict
-            self._record_error(self.current_step, None, exc)
+            self.record_error(self.current_step, None, exc)
             if self.config.strict:
                 raise self._strict_failure(self.current_step or 0, exc) from exc
 
@@ -220,20 +211,15 @@ class MindSporeGradMonitor(MonitorBase):
         return self.config.selects_rank(self.rank) and self.config.selects_step(step)
 
     def _dump_buffers(self, step: int) -> None:
-        rank = self.rank or 0
         rows, directions, copies = self._buffers.read()
-        records, files = [], []
         # FP8 health not counted in the graph (a target without float64): nan, as PyTorch's monitor
         unmeasured = [math.nan] * (self._fp8_width if not self._buffers.fp8_formats else 0)
-        for name, shape, row, positive, copy in zip(self._buffers.names, self._buffers.shapes, rows, directions,
-                                                    copies):
-            md5 = stats.crc32_hex(copy) if copy is not None else None
-            records.append(stats.split_stats(name, shape, row + unmeasured, self.bounds, self.histogram, md5,
-                                             self._fp8_width))
-            if positive is not None:
-                files.append((csv_format.direction_file(self._root, rank, step, name), positive))
-        self._compute_dtypes.add(str(self._buffers.compute).lower().replace("mindspore.", ""))
-        self._write_step(step, rank, [], records, files)
+        l0 = self.level == "L0"
+        figures = [StepFigure(name, shape, row + unmeasured, copy if l0 else positive)
+                   for name, shape, row, positive, copy in zip(self._buffers.names, self._buffers.shapes, rows,
+                                                               directions, copies)]
+        self.compute_dtypes.add(str(self._buffers.compute).lower().replace("mindspore.", ""))
+        write_step_figures(self, step, [figures], [])
 
     def _gradients(self, inputs: Any) -> dict[str, Any]:
         """name -> gradient of this call: gradient i belongs to parameter i."""
@@ -247,64 +233,7 @@ class MindSporeGradMonitor(MonitorBase):
 
     # ------------------------------------------------------------------ one step
     def _dump(self, step: int, grads: dict[str, Any]) -> None:
-        rank = self.rank or 0
-        pending: list[tuple[str, tuple[int, ...], Any, str | None]] = []  # name, shape, vector, md5
-        missing: list[str] = []
-        directions: list[tuple[Any, Any]] = []  # (direction file, host bools), written off this thread
-        for name, _ in self.selected:
-            g = grads.get(name)
-            if g is None:
-                missing.append(name)
-                continue
-            try:
-                dtype_name = _FLOATS.get(g.dtype)
-                if dtype_name is None:
-                    raise TypeError(f"gradient of dtype {g.dtype} is not a real floating-point tensor")
-                host = BACKEND.host_view(g)  # None: the tensor path (see the module docstring)
-                if host is not None:
-                    vec = self._figures(np_xp, host)
-                else:
-                    vec = self._op(dtype_name, "statistics", g, lambda t: self._figures(xp, t))
-                self._compute_dtypes.add("float64")
-                md5 = None
-                if self.level == "L0":
-                    md5 = stats.crc32_hex(host if host is not None else g.astype(xp.float32).asnumpy())
-                else:
-                    positive = host > 0 if host is not None else self._op(dtype_name, "direction", g, lambda t: t > 0).asnumpy()
-                    directions.append((csv_format.direction_file(self._root, rank, step, name), positive))
-                pending.append((name, tuple(int(s) for s in g.shape), vec, md5))
-            except Exception as exc:
-                if self.config.strict:
-                    raise  # recorded once, by _hook
-                self._record_error(step, name, exc)
-        rows = _host_rows([v for _, _, v, _ in pending])
-        records = [
-            stats.split_stats(name, shape, row, self.bounds, self.histogram, md5, self._fp8_width)
-            for (name, shape, _, md5), row in zip(pending, rows)
-        ]
-        self._write_step(step, rank, missing, records, directions)
-
-    def _figures(self, ns: Any, g: Any) -> Any:
-        """One gradient's statistics vector, then its FP8 health fractions when asked for: the
-        formulas PyTorch's monitor runs, over NumPy (the host view) or MindSpore (``ns``), so the
-        two frameworks write the same cells for the same gradient."""
-        vec = stats.stat_vector(ns, g, self.bounds, self.histogram, dtype=ns.float64)
-        if not self.fp8_formats:
-            return vec
-        health = stats.fp8_columns(ns, [g], self.fp8_formats, ns.float64)
-        return ns.concat([vec, ns.reshape(health, (-1,))])
-
-    def _op(self, dtype_name: str, op: str, g: Any, fn: Any) -> Any:
-        """``fn(g)``, or ``fn`` of a float32 upcast when this MindSpore build has no kernel for
-        ``op`` on a low-precision ``dtype_name`` (checked once on a tiny tensor, see
-        :func:`_kernel_missing`; trying the real gradient instead is unreliable because PyNative
-        reports a missing kernel asynchronously, at a later synchronisation)."""
-        if dtype_name in _LOW_PRECISION and _kernel_missing(dtype_name, op, fn):
-            if op not in self.upcasts.setdefault(dtype_name, set()):
-                log.info("grad_probe: %s of %s gradients computed on a float32 upcast (no kernel)", op, dtype_name)
-            self.upcasts[dtype_name].add(op)
-            return fn(g.astype(xp.float32))
-        return fn(g)
+        dump_step(self, step, MindSporeStepFigures(self, grads, self.upcasts))
 
     # ------------------------------------------------------------------ results
     def summary(self) -> dict[str, Any]:
@@ -344,49 +273,6 @@ GradMonitor = MindSporeGradMonitor
 
 
 # ---------------------------------------------------------------------- helpers
-def _host_rows(vectors: list[Any]) -> list[list[float]]:
-    """Statistics vectors as float lists: NumPy ones as they are, MindSpore ones stacked and
-    copied to the host in one transfer."""
-    rows: list[Any] = list(vectors)
-    on_device = [i for i, v in enumerate(vectors) if isinstance(v, ms.Tensor)]
-    if on_device:
-        copied = np.asarray(xp.stack([vectors[i] for i in on_device]).asnumpy(), dtype=np.float64)
-        for i, row in zip(on_device, copied):
-            rows[i] = row
-    return [np.asarray(r, dtype=np.float64).tolist() for r in rows]
-
-
-_MISSING: dict[tuple[str, str], bool] = {}
-
-
-def _kernel_missing(dtype_name: str, op: str, fn: Any) -> bool:
-    """Whether ``fn`` fails on a tiny tensor of ``dtype_name`` (cached per dtype and op). The
-    device is synchronised before and after, so an asynchronous failure is caught here and does
-    not surface at a later, unrelated operation."""
-    key = (dtype_name, op)
-    if key not in _MISSING:
-        dtype = {v: k for k, v in _FLOATS.items()}[dtype_name]
-        probe = ms.Tensor(np.array([[1.0, -1.0], [0.0, 0.5]], dtype=np.float32)).astype(dtype)
-        _synchronize()
-        try:
-            np.asarray(fn(probe).asnumpy())
-            _synchronize()
-            _MISSING[key] = False
-        except Exception:
-            try:
-                _synchronize()
-            except Exception:  # the failure reported once more by the synchronisation
-                pass
-            _MISSING[key] = True
-    return _MISSING[key]
-
-
-def _synchronize() -> None:
-    sync = getattr(getattr(ms, "runtime", None), "synchronize", None)
-    if sync is not None:
-        sync()
-
-
 def _graph_compute_dtype() -> Any:
     """float64 for the in-graph statistics, float32 where the target has no float64 (Ascend)."""
     return ms.float32 if ms.get_context("device_target") == "Ascend" else ms.float64

@@ -67,7 +67,7 @@ class MonitorBase:
         self.histogram = self.level == "L2"
         self.fp8_formats = self.gp.fp8_health
         self.dump_path = Path(config.dump_path)
-        self._root = os.fspath(self.dump_path)  # the per-step file names are built as strings
+        self.root = os.fspath(self.dump_path)  # the per-step file names are built as strings (no Path per file)
         self.rank: int | None = None
         self.current_step: int | None = None  # the last optimizer step index seen
         self._closed = False
@@ -75,7 +75,7 @@ class MonitorBase:
         self.params_without_grad: dict[int, list[str]] = {}
         self.errors: list[dict[str, Any]] = []
         self.errors_dropped = 0
-        self._compute_dtypes: set[str] = set()
+        self.compute_dtypes: set[str] = set()
         self._last_summary = 0.0
         self._dirty = False
         # the step files are written off the training thread (one step in flight, see
@@ -97,7 +97,7 @@ class MonitorBase:
     def _activate(self) -> None:
         _ACTIVE.add(self)
 
-    def _write_step(self, step: int, rank: int, missing: list[str], records: list[GradStats],
+    def write_step(self, step: int, rank: int, missing: list[str], records: list[GradStats],
                     directions: list[tuple[Path, Any]], slices: dict[str, Any] | None = None) -> None:
         """Hand a step's files (its grad_summary CSV from `records`, the `(path, host bools)`
         direction files, and for sharded parameters the ``shards.json`` saying where each
@@ -114,13 +114,13 @@ class MonitorBase:
             self._dirty = False
             summary = (self.summary_path, self.summary())
 
-        level, bounds, fp8, path = self.level, self.bounds, self.fp8_formats, f"{self._root}{os.sep}rank{rank}{os.sep}grad_summary_{step}.csv"
+        level, bounds, fp8, path = self.level, self.bounds, self.fp8_formats, f"{self.root}{os.sep}rank{rank}{os.sep}grad_summary_{step}.csv"
 
         def task() -> None:
             for where, positive in directions:
                 csv_format.write_direction(where, positive)
             if slices:
-                csv_format.write_slices(self._root, rank, step, slices)
+                csv_format.write_slices(self.root, rank, step, slices)
             csv_format.write_summary_csv(path, level, bounds, records, fp8)
             if summary is not None:
                 write_json_atomic(*summary)
@@ -131,7 +131,7 @@ class MonitorBase:
     def _writer_errors(self, errors: list[BaseException], step: int | None) -> None:
         """Errors of earlier writes, reported on the training thread (raised in strict mode)."""
         for exc in errors:
-            self._record_error(step, None, exc)
+            self.record_error(step, None, exc)
         if errors and self.config.strict:
             raise ProbeError(f"grad_probe could not write its files: {errors[0]!r}") from errors[0]
 
@@ -139,7 +139,8 @@ class MonitorBase:
         """Wait until every completed step is on disk."""
         self._writer_errors(self._writer.flush(), self.current_step)
 
-    def _record_error(self, step: int | None, param: str | None, exc: BaseException) -> None:
+    def record_error(self, step: int | None, param: str | None, exc: BaseException) -> None:
+        """Keep an error for summary.json instead of raising it: a monitor must not stop training."""
         log.warning("grad_probe: error at step %s%s: %r", step, f" ({param})" if param else "", exc)
         self._dirty = True
         if len(self.errors) >= MAX_ERRORS:
@@ -162,7 +163,7 @@ class MonitorBase:
             "rank": self.rank or 0,
             "level": self.level,
             "bounds": list(self.bounds),
-            "compute_dtype": "/".join(sorted(self._compute_dtypes)) or "float64",
+            "compute_dtype": "/".join(sorted(self.compute_dtypes)) or "float64",
             "params": names,
             "file_names": {n: csv_format.file_name_for_param(n) for n in names
                            if csv_format.file_name_for_param(n) != n},

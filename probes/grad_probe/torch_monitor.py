@@ -35,26 +35,22 @@ Differences from msprobe 8.3.3:
 
 from __future__ import annotations
 
-import logging
-import math
 import sys
 import weakref
 from collections.abc import Iterable, Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from probes.backends import torch_shards, torch_xp
-from probes.backends.torch_backend import BACKEND, widest_float
+from probes.backends.torch_backend import BACKEND
 from probes.core.config import ProbeConfig
 from probes.core.errors import ProbeError
-from probes.grad_probe import csv_format, stats
 from probes.grad_probe.monitor_common import MAX_ERRORS, SUMMARY_INTERVAL_S, MonitorBase, check_param_list  # noqa: F401 - MAX_ERRORS, SUMMARY_INTERVAL_S re-exported
+from probes.grad_probe.step_files import dump_step
+from probes.grad_probe.torch_figures import BATCH_ELEMENTS, TorchStepFigures, partitioning  # noqa: F401 - BATCH_ELEMENTS re-exported
 
 __all__ = ["GradMonitor"]
-
-log = logging.getLogger("probes.grad_probe")
 
 
 class GradMonitor(MonitorBase):
@@ -200,7 +196,7 @@ class GradMonitor(MonitorBase):
                 # a rank the filter leaves out still adds its slices to the figures the others write
                 self._dump(count, write=False)
         except Exception as exc:  # never break the training loop unless strict
-            self._record_error(count, None, exc)
+            self.record_error(count, None, exc)
             if self.config.strict:
                 raise self._strict_failure(count, exc) from exc
 
@@ -208,226 +204,7 @@ class GradMonitor(MonitorBase):
     def _dump(self, step: int, write: bool = True) -> None:
         """Take and write one step's figures. ``write=False``: only this rank's share of the sharded
         parameters' collective (a rank the rank filter leaves out: the others wait for it)."""
-        rank = self.rank or 0
-        grads: list[tuple[str, torch.Tensor]] = []
-        sharded: list[tuple[str, torch.Tensor]] = []
-        missing: list[str] = []
-        with torch.no_grad():
-            for name, p in self.selected:
-                if partitioning(p) is not None:
-                    sharded.append((name, p))
-                    continue
-                if not write:
-                    continue
-                g = _grad_of(p)
-                if g is None:
-                    missing.append(name)
-                    if name not in self._logged_none:
-                        self._logged_none.add(name)
-                        log.info("grad_probe: parameter %s has no gradient at step %d (logged once)", name, step)
-                    continue
-                try:
-                    g = g.detach()
-                    if not g.is_floating_point():
-                        raise TypeError(f"gradient of dtype {g.dtype} is not a real floating-point tensor")
-                    if g.layout != torch.strided:
-                        g = g.to_dense()
-                    grads.append((name, g))
-                except Exception as exc:
-                    if self.config.strict:
-                        raise  # recorded once, by on_step
-                    self._record_error(step, name, exc)
-            blocks = self._blocks(step, grads)
-            if sharded:
-                blocks += self._sharded_blocks(step, sharded)
-            if not write:
-                return
-            host = _to_host_packed([(block.columns, block.payload) for block in blocks])
-        level, root, bounds, histogram = self.level, self._root, self.bounds, self.histogram
-        fp8_width = len(stats.FP8_HEALTH_FIGURES) * len(self.fp8_formats)
-        records, directions, slices = [], [], {}
-        for block, (rows, payload) in zip(blocks, host):
-            offset = 0
-            for (name, shape, local_shape, numel, index), row in zip(block.members, rows):
-                data = payload[offset : offset + numel]
-                offset += numel
-                if block.sharded:
-                    row, had, failed = row[:-2], row[-2], row[-1]
-                    if failed:
-                        self._record_error(step, name, ProbeError(
-                            f"the figures of {int(failed)} rank(s)' slices of this sharded gradient failed"))
-                        continue
-                    if not had:
-                        missing.append(name)
-                        continue
-                md5 = None
-                if level == "L0":
-                    md5 = stats.crc32_hex(data)  # of this rank's slice, for a sharded parameter
-                elif numel or not block.sharded:
-                    directions.append((csv_format.direction_file(root, rank, step, name), data.reshape(local_shape)))
-                    if block.sharded:
-                        slices[name] = csv_format.slice_entry(shape, index)
-                records.append(stats.split_stats(name, shape, row, bounds, histogram, md5, fp8_width))
-        if len(blocks) > 1:  # the CSV's rows in the parameters' order
-            order = {name: i for i, (name, _p) in enumerate(self.selected)}
-            records.sort(key=lambda r: order[r.name])
-            if sharded:
-                missing.sort(key=lambda n: order[n])
-        self._write_step(step, rank, missing, records, directions, slices)
-
-    def _blocks(self, step: int, grads: list[tuple[str, torch.Tensor]]) -> list[_Block]:
-        """The step's statistics on the gradients' devices, as blocks of parameters that share one
-        statistics matrix and one flat payload (the float32 gradient at L0, for its checksum; its
-        signs at L1/L2, for the direction file). Gradients of a device and dtype that are small
-        enough are reduced together by batched kernels; a large or empty one on its own, chunk by
-        chunk (stats.stat_vector). A batch that fails is taken again parameter by parameter, so
-        only the parameters that really fail lose their row."""
-        batches: dict[tuple[Any, Any], list[tuple[str, torch.Tensor]]] = {}  # the open batch of each (device, dtype)
-        sizes: dict[tuple[Any, Any], int] = {}
-        done: list[list[tuple[str, torch.Tensor]]] = []
-        single: list[tuple[str, torch.Tensor]] = []
-        for name, g in grads:
-            n = g.numel()
-            if n == 0 or n > stats.CHUNK_ELEMENTS:
-                single.append((name, g))
-                continue
-            key = (g.device, g.dtype)
-            group = batches.get(key)
-            if group is None or sizes[key] + n > BATCH_ELEMENTS:
-                group = batches[key] = []
-                done.append(group)
-                sizes[key] = 0
-            sizes[key] += n
-            group.append((name, g))
-        blocks: list[_Block] = []
-        for batch in done:
-            try:
-                blocks.append(self._block(batch, batched=True))
-            except Exception:
-                single += batch
-        for name, g in single:
-            try:
-                blocks.append(self._block([(name, g)], batched=False))
-            except Exception as exc:
-                if self.config.strict:
-                    raise  # recorded once, by on_step
-                self._record_error(step, name, exc)
-        return blocks
-
-    def _block(self, batch: list[tuple[str, torch.Tensor]], batched: bool) -> _Block:
-        gs = [g for _name, g in batch]
-        xp = self.backend.namespace(gs[0])
-        dtype = widest_float(gs[0].device)  # float64 where the device has it
-        self._compute_dtypes.add(str(dtype).replace("torch.", ""))
-        columns = stats.stat_columns(xp, gs, self.bounds, self.histogram, dtype=dtype,
-                                     batched=torch_xp if batched else None)
-        if self.fp8_formats:
-            columns = torch.cat([columns, self._fp8_rows(xp, gs, dtype, gs[0].device)])
-        flat = torch.cat([g.reshape(-1) for g in gs]) if len(gs) > 1 else gs[0].reshape(-1)
-        payload = flat.to(dtype=torch.float32) if self.level == "L0" else flat > 0
-        return _Block([(name, tuple(g.shape), tuple(g.shape), g.numel(), None) for name, g in batch], columns, payload)
-
-    def _sharded_blocks(self, step: int, params: list[tuple[str, torch.Tensor]]) -> list[_Block]:
-        """The figures of sharded (DTensor) parameters' full gradients, from this rank's slices and
-        one exchange per process-group chain: every rank of the mesh calls this for the same
-        parameters in the same order, and takes part in the exchange whatever happened to its own
-        slices (a failure or a missing gradient is a neutral share, counted), so no rank ever waits
-        in a collective another rank skipped. A block's columns end with two rows: how many ranks
-        had the gradient and how many failed."""
-        chains: dict[tuple[int, ...], tuple[tuple[Any, ...], list[Any]]] = {}
-        for name, p in params:
-            groups = partitioning(p).groups(p)
-            entry = chains.setdefault(tuple(id(g) for g in groups), (groups, []))
-            entry[1].append((name, p))
-        blocks = []
-        for groups, members in chains.values():
-            blocks.append(self._sharded_block(step, groups, members))
-        return blocks
-
-    def _sharded_block(self, step: int, groups: tuple[Any, ...], members: list[tuple[str, torch.Tensor]]) -> _Block:
-        device = _local_device(members[0][1])
-        dtype = widest_float(device)
-        self._compute_dtypes.add(str(dtype).replace("torch.", ""))
-        xp = self.backend.namespace(torch.zeros(0, device=device))
-        shares, pieces = [], []
-        failure: BaseException | None = None
-        for name, p in members:
-            piece = None
-            try:
-                piece = partitioning(p).slice(p)
-                if piece is not None:
-                    local = piece.local
-                    if not local.is_floating_point():
-                        raise TypeError(f"gradient of dtype {local.dtype} is not a real floating-point tensor")
-                    piece = piece._replace(local=local if local.layout == torch.strided else local.to_dense())
-                shares.append(stats.SliceShare(piece.local if piece is not None and piece.counted else None,
-                                               had=piece is not None))
-            except Exception as exc:  # a neutral share, counted as failed: the exchange goes on
-                log.debug("grad_probe: slice of %s failed at step %d: %r", name, step, exc)
-                failure = failure or exc
-                piece = None
-                shares.append(stats.SliceShare(None, had=False, failed=True))
-            pieces.append(piece)
-        summed, maxed = stats.shard_figures(xp, shares, self.bounds, self.histogram, dtype, device,
-                                            batched=None if self.histogram else torch_xp)
-        fp8 = self.fp8_formats and dtype == torch.float64
-        if fp8:  # the slices' finite amaxes, max-reduced with the extremes: the full gradient's amax
-            amaxes = [self._fp8_share_amax(xp, share, dtype, device) for share in shares]
-            maxed = torch.cat([maxed, torch.stack(amaxes).reshape(1, -1)])
-        torch_shards.reduce_figures(summed, maxed, groups)
-        fp8_rows = []
-        if fp8:  # each rank counts its slices at the full amax's scale; a second exchange sums them
-            counts = torch.stack([self._fp8_share_counts(xp, share, maxed[2, i], dtype, device)
-                                  for i, share in enumerate(shares)], dim=1)
-            torch_shards.reduce_figures(counts, None, groups)
-            fp8_rows = [counts / torch.clamp(summed[1], min=1.0)]
-        elif self.fp8_formats:
-            fp8_rows = [self._fp8_rows(xp, [], dtype, device, len(members))]
-        if failure is not None and self.config.strict:
-            raise failure  # after the exchanges, which the other ranks are in too
-        columns = torch.cat([stats.combine_shards(xp, summed, maxed, self.bounds, self.histogram), *fp8_rows,
-                             summed[2:4]])
-        out_members, payloads = [], []
-        for (name, p), piece in zip(members, pieces):
-            shape = piece.shape if piece is not None else tuple(int(s) for s in p.shape)
-            local = piece.local if piece is not None else torch.zeros(0, device=device)
-            keep = piece is not None and (self.level == "L0" or (piece.counted and piece.index is not None))
-            flat = local.reshape(-1) if keep else local.reshape(-1)[:0]
-            payloads.append(flat.to(dtype=torch.float32) if self.level == "L0" else flat > 0)
-            out_members.append((name, shape, tuple(local.shape), flat.numel(), piece.index if piece else None))
-        return _Block(out_members, columns, torch.cat(payloads), sharded=True)
-
-    def _fp8_rows(self, xp: Any, gs: list[torch.Tensor], dtype: torch.dtype, device: torch.device,
-                  n: int | None = None) -> torch.Tensor:
-        """The FP8 health rows of whole gradients (stats.fp8_columns); NaN on a device without
-        float64, where the scaled values cannot be counted in the precision the columns promise."""
-        if dtype != torch.float64:
-            width = len(stats.FP8_HEALTH_FIGURES) * len(self.fp8_formats)
-            return torch.full((width, len(gs) if n is None else n), math.nan, dtype=dtype, device=device)
-        return stats.fp8_columns(xp, gs, self.fp8_formats, dtype)
-
-    def _fp8_share_amax(self, xp: Any, share: stats.SliceShare, dtype: torch.dtype,
-                        device: torch.device) -> torch.Tensor:
-        """One slice's finite amax, 0 for none (or when it fails: this rank must still exchange)."""
-        if share.values is not None:
-            try:
-                return stats.fp8_amax(xp, share.values, dtype)
-            except Exception as exc:
-                log.debug("grad_probe: FP8 amax of a slice failed: %r", exc)
-        return torch.zeros((), dtype=dtype, device=device)
-
-    def _fp8_share_counts(self, xp: Any, share: stats.SliceShare, amax: torch.Tensor, dtype: torch.dtype,
-                          device: torch.device) -> torch.Tensor:
-        """One slice's FP8 counts at the full gradient's amax: zeros for a slice another rank counts,
-        NaN when counting fails (the exchange goes on; the reduced cell reads nan)."""
-        width = len(stats.FP8_HEALTH_FIGURES) * len(self.fp8_formats)
-        if share.values is None:
-            return torch.zeros(width, dtype=dtype, device=device)
-        try:
-            return stats.fp8_counts(xp, share.values, amax, self.fp8_formats, dtype)
-        except Exception as exc:
-            log.debug("grad_probe: FP8 counts of a slice failed: %r", exc)
-            return torch.full((width,), math.nan, dtype=dtype, device=device)
+        dump_step(self, step, TorchStepFigures(self, self.backend, self._logged_none), write)
 
     def _resolve_rank(self) -> int:
         return int(self.backend.rank())
@@ -448,76 +225,10 @@ class GradMonitor(MonitorBase):
 
 
 # ---------------------------------------------------------------------- helpers
-#: the most elements one batch of small gradients holds (its temporary copies stay below ~64 MiB)
-BATCH_ELEMENTS = 1 << 24
-
-
-class _Block(NamedTuple):
-    # (name, shape, local shape, payload elements, slice index) of each parameter, in column order;
-    # shape is the full parameter's, local shape and slice index what this rank holds of it
-    members: list[tuple[str, tuple, tuple, int, Any]]
-    columns: torch.Tensor  # (width, len(members)) statistics on the device, a column per parameter
-    payload: torch.Tensor  # the members' flat payloads, concatenated
-    sharded: bool = False  # columns end with the "had it" and "failed" counts (see _sharded_block)
-
-
-def _to_host_packed(items: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[list[list[float]], Any]]:
-    """(statistics rows, a list of floats per column, and the payload as a host array) of every
-    (columns, payload) pair, from one host copy per device: every tensor's bytes are concatenated
-    on the device and split on the host."""
-    import numpy as np
-
-    out: list[tuple[list[list[float]], Any]] = [([], None) for _ in items]
-    by_device: dict[Any, list[int]] = {}
-    for i, (columns, _payload) in enumerate(items):
-        by_device.setdefault(columns.device, []).append(i)
-    for idx in by_device.values():
-        parts = []
-        for i in idx:
-            columns, payload = items[i]
-            parts += [columns.reshape(-1).view(torch.uint8), payload.view(torch.uint8)]
-        flat = torch.cat(parts).cpu().numpy()
-        pos = 0
-        for i in idx:
-            columns, payload = items[i]
-            n_col, n_pay = columns.numel() * columns.element_size(), payload.numel() * payload.element_size()
-            figures = np.frombuffer(flat[pos : pos + n_col], dtype=_NUMPY[columns.dtype]).reshape(columns.shape)
-            data = np.frombuffer(flat[pos + n_col : pos + n_col + n_pay], dtype=_NUMPY[payload.dtype])
-            out[i] = (figures.T.astype(np.float64).tolist(), data)
-            pos += n_col + n_pay
-    return out
-
-
-_NUMPY = {torch.float64: "float64", torch.float32: "float32", torch.bool: "bool"}
-
-
-def partitioning(p: torch.Tensor) -> torch_shards.PartitionedParams | None:
-    """The engine that splits parameter ``p`` across ranks (FSDP2 / tensor parallelism's DTensor,
-    DeepSpeed ZeRO), or None for a parameter every rank holds whole."""
-    if torch_shards.DTENSOR_PARAMS.owns(p):
-        return torch_shards.DTENSOR_PARAMS
-    if "deepspeed" in sys.modules:
-        from probes.backends.torch_zero import ZERO_PARAMS
-
-        if ZERO_PARAMS.owns(p):
-            return ZERO_PARAMS
-    return None
-
-
 def _zero_continues(optimizer: torch.optim.Optimizer) -> bool:
     from probes.backends import torch_zero
 
     return torch_zero.continues_step(optimizer)
-
-
-def _local_device(p: torch.Tensor) -> torch.device:
-    local = getattr(p, "_local_tensor", None)
-    return (local if local is not None else p).device
-
-
-def _grad_of(p: torch.Tensor) -> torch.Tensor | None:
-    g = getattr(p, "main_grad", None)
-    return g if g is not None else p.grad
 
 
 def _as_optimizers(optimizers: Any) -> list[torch.optim.Optimizer]:

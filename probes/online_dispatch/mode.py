@@ -16,27 +16,38 @@ context exits, so the CSV is the same as inline. Otherwise they run inline, righ
 
 from __future__ import annotations
 
-import functools
-import linecache
 import logging
-import os
-import sys
 import weakref
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from probes.backends import npu_references, torch_dtensor, torch_memory
+from probes.backends import torch_memory
 from probes.backends.torch_backend import BACKEND
 from probes.compiled import capture
 from probes.compiled import runs as graph_runs
-from probes.compiled.localize import localise_and_reproduce
-from probes.online_dispatch import dump, reference, skip_list, verdict
+from probes.core.file_names import dispatch_csv_name
+from probes.online_dispatch import leaf_pairs, reference, skip_list, verdict
+from probes.online_dispatch.call_stack import capture_stack, format_stack, user_stack
 from probes.online_dispatch.graph_ops import GraphBackwardOp, GraphInfo, GraphOp, watch_backward
+from probes.online_dispatch.graph_reports import graph_entry, localise
+from probes.online_dispatch.jobs import (
+    SKIPPED,
+    Job,
+    ReferenceFailed,
+    Skipped,
+    dump_job,
+    output_bytes,
+    snapshot,
+    written_devices,
+    written_pairs,
+)
+from probes.online_dispatch.op_info import OpInfo, dispatching_subclass, has_dtensor
 from probes.online_dispatch.options import DispatchOptions
 from probes.online_dispatch.results import FailedOp, RunResults, leaf_summary, special_row
 from probes.online_dispatch.run_dir import create_run_dir
+from probes.online_dispatch.torchscript_aside import aside_for_torchscript, put_back
 from probes.online_dispatch.workers import (
     AUTO_THREAD_BYTES,
     OrderedPool,
@@ -47,143 +58,6 @@ from probes.online_dispatch.workers import (
 )
 
 logger = logging.getLogger("probes.online_dispatch")
-
-_TORCH_DIR = os.path.dirname(torch.__file__)
-_PROBES_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-
-
-def _aside_for_torchscript(mode: Any) -> tuple[tuple[Any, str, Any], ...]:
-    """TorchScript and dispatch modes do not mix: torch.jit.trace records another graph when a
-    mode is active (shapes become constants, then its own check fails), and a traced or scripted
-    module's interpreter hands a mode ops whose Tensor arguments are Python ints (aten.equal(84, 2)),
-    which cannot run from Python. While the mode is entered, torch.jit.trace / trace_module and
-    calls of script modules run with the dispatch modes off, each counted under its reason.
-    Returns the replaced attributes, put back when the mode exits."""
-    saved = []
-    targets = [(torch.jit, name, skip_list.JIT_TRACE) for name in ("trace", "trace_module")]
-    targets.append((torch.jit.ScriptModule, "__call__", skip_list.TORCHSCRIPT))
-    for owner, name, reason in targets:
-        original = getattr(owner, name, None)
-        if original is None:
-            continue
-        had_own = name in vars(owner)  # ScriptModule inherits __call__: deleted again, not set back
-
-        def aside(*args: Any, __original: Any = original, __reason: str = reason, **kwargs: Any) -> Any:
-            key = (__reason, "torch.jit")
-            mode.results.skipped[key] = mode.results.skipped.get(key, 0) + 1
-            with _disable_current_modes():
-                return __original(*args, **kwargs)
-
-        functools.update_wrapper(aside, original)
-        saved.append((owner, name, original if had_own else None))
-        setattr(owner, name, aside)
-    return tuple(saved)
-
-
-def _put_back(saved: tuple[tuple[Any, str, Any], ...]) -> None:
-    for owner, name, value in saved:
-        if value is None:
-            delattr(owner, name)
-        else:
-            setattr(owner, name, value)
-
-# subclasses that run only under their own mode (a tracer's): they cannot take an op back, and
-# have no values to compare
-_MODE_BOUND = ("FakeTensor", "FunctionalTensor")
-
-
-def _dispatching_subclass(types: Any) -> bool:
-    """A subclass among the op's tensor types that takes the op back when the mode declines it:
-    one with its own __torch_dispatch__, not a tracer's, not a device stand-in."""
-    own = [t for t in types if getattr(t, "__torch_dispatch__", _PLAIN_DISPATCH) is not _PLAIN_DISPATCH
-           and not getattr(t, "__simulated_device__", None)]
-    return bool(own) and not any(c.__name__ in _MODE_BOUND for t in own for c in t.__mro__)
-
-
-_PLAIN_DISPATCH = torch.Tensor.__torch_dispatch__
-
-
-def _has_dtensor(types: Any) -> bool:
-    """A DTensor among the op's types: its local kernels come back here on each rank's shards."""
-    dtensor = torch_dtensor.dtensor_class()
-    return dtensor is not None and any(issubclass(t, dtensor) for t in types)
-
-
-class _OpInfo:
-    """What the mode needs about one overload, computed once."""
-
-    __slots__ = ("api", "overload", "half_to_float", "written", "skip", "on_host", "per_call", "chained")
-
-    def __init__(self, func: Any) -> None:
-        self.overload = func._overloadname
-        self.skip = skip_list.skip_reason(func)
-        self.per_call = skip_list.call_rule(func)  # attention: skipped only when the call drops out
-        self.chained = skip_list.chains_roundings(func)
-        self.api = func._opname
-        self.on_host = reference.host_reference(func) or func
-        if func.namespace == "npu":  # torch_npu's fused ops: no CPU kernel, their math is the reference
-            self.api = f"NPU.{func._opname}"
-            self.on_host = npu_references.reference_for(func._opname)
-            if self.on_host is None and self.skip is None:
-                self.skip = skip_list.NO_CPU_REFERENCE
-        compared = self.skip is None or self.per_call is not None
-        self.half_to_float = reference.half_to_float_index(func) if compared else None
-        self.written = reference.written_arguments(func) if compared else ((), ())
-
-
-class _Job:
-    """One compared op call until it is judged (kept for rows and dumps). `prefix` and `cmp` are
-    filled in by `_prepare`, inline or in the reference thread."""
-
-    __slots__ = ("func", "info", "device", "ref", "args", "kwargs", "stack", "prefix", "cmp")
-
-    def __init__(self, func: Any, info: _OpInfo, device: torch.device, ref: reference.ReferenceCall,
-                 args: tuple, kwargs: dict, stack: tuple | None) -> None:
-        self.func, self.info, self.device, self.ref = func, info, device, ref
-        self.args, self.kwargs, self.stack = args, kwargs, stack
-        self.prefix: str | None = None
-        self.cmp: verdict.OpComparison | None = None
-
-
-def capture_stack() -> tuple[tuple[str, int, str], ...]:
-    """The user's frames (outside torch and this package), outermost first, without their source
-    lines: cheap enough to take at every op whose judgement is deferred."""
-    frames = []
-    f: Any = sys._getframe(1)
-    while f is not None:
-        filename = f.f_code.co_filename
-        if not filename.startswith((_TORCH_DIR, _PROBES_DIR)):
-            frames.append((filename, f.f_lineno, f.f_code.co_name))
-        f = f.f_back
-    frames.reverse()
-    return tuple(frames)
-
-
-def format_stack(frames: tuple[tuple[str, int, str], ...]) -> str:
-    """The CSV's NPU_Stack_Info: [[file, line, function, source line], ...]."""
-    return str([[fn, line, name, linecache.getline(fn, line).strip()] for fn, line, name in frames])
-
-
-def user_stack() -> str:
-    return format_stack(capture_stack())
-
-
-class _ReferenceFailed:
-    """The CPU re-run raised: the op has no usable CPU kernel for these arguments."""
-
-    __slots__ = ("exc",)
-
-    def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
-
-
-class _Skipped:
-    """The op turned out to have no CPU kernel on an earlier call: counted as skipped, no row."""
-
-
-_SKIPPED = _Skipped()
 
 
 class OnlineDispatchMode(TorchDispatchMode):
@@ -205,7 +79,7 @@ class OnlineDispatchMode(TorchDispatchMode):
     def __init__(self, options: DispatchOptions) -> None:
         super().__init__()
         self.options = options
-        self._infos: dict[Any, _OpInfo] = {}
+        self._infos: dict[Any, OpInfo] = {}
         self._counters: dict[str, int] = {}
         self._no_cpu_kernel: set[Any] = set()
         self.results: RunResults | None = None
@@ -222,7 +96,7 @@ class OnlineDispatchMode(TorchDispatchMode):
         if self.results is None:
             rank = BACKEND.rank()  # global rank, looked up when the run starts (not msprobe's local device index)
             run_dir, ts = create_run_dir(self.options.dump_path, rank, self.options.tag)
-            self.results = RunResults(run_dir, run_dir / f"compare_result_rank{rank}_{ts}.csv", rank,
+            self.results = RunResults(run_dir, run_dir / dispatch_csv_name(rank, ts), rank,
                                       self.options.as_dict())
             if self.options.debug:
                 logger.info("online_dispatch: %s, writing to %s", self.options.as_dict(), run_dir)
@@ -233,7 +107,7 @@ class OnlineDispatchMode(TorchDispatchMode):
             self._start_thread()
         if self._depth == 0:
             capture.install(self)
-            self._torchscript = _aside_for_torchscript(self)
+            self._torchscript = aside_for_torchscript(self)
         self._depth += 1
         return super().__enter__()
 
@@ -244,7 +118,7 @@ class OnlineDispatchMode(TorchDispatchMode):
             self._depth -= 1
             if self._depth == 0:
                 capture.uninstall(self)
-                _put_back(getattr(self, "_torchscript", ()))
+                put_back(getattr(self, "_torchscript", ()))
                 self._torchscript = ()
                 if self._threaded:
                     self.close()  # a thread is cheap to start again; no idle thread outlives the context
@@ -267,7 +141,7 @@ class OnlineDispatchMode(TorchDispatchMode):
             return True
         if self._pool is not None and not self._pool.idle():
             return True
-        if _output_bytes(out) < AUTO_THREAD_BYTES:
+        if output_bytes(out) < AUTO_THREAD_BYTES:
             return False
         if self._pool is None:
             if self._auto_thread is None:
@@ -319,7 +193,7 @@ class OnlineDispatchMode(TorchDispatchMode):
                 return func(*args, **kwargs)
         info = self._infos.get(func)
         if info is None:
-            info = self._infos[func] = _OpInfo(func)
+            info = self._infos[func] = OpInfo(func)
         reason = info.skip
         if info.per_call is not None:  # attention's dropout, _to_copy's FP8 casts: the call decides
             reason = info.per_call(args, kwargs)
@@ -327,12 +201,12 @@ class OnlineDispatchMode(TorchDispatchMode):
             reason = skip_list.NO_CPU_KERNEL
         if reason is None and types and not all(getattr(t, "__simulated_device__", None) for t in types):
             reason = skip_list.UNSUPPORTED_TENSOR  # a tracer's tensors: no values
-        if types and _dispatching_subclass(types):
+        if types and dispatching_subclass(types):
             # a tensor subclass (nested, masked, DTensor, a user's): its own __torch_dispatch__ runs
             # the op as operators on plain tensors, which come back through this mode and are
             # compared; the subclass-level op is counted apart (a subclass that stands for a plain
             # device tensor, pytest_msprobe.testing.simulated_npu, is compared as one)
-            key = (skip_list.THROUGH_DTENSOR if _has_dtensor(types) else skip_list.THROUGH_SUBCLASS, func)
+            key = (skip_list.THROUGH_DTENSOR if has_dtensor(types) else skip_list.THROUGH_SUBCLASS, func)
             self.results.skipped[key] = self.results.skipped.get(key, 0) + 1
             return NotImplemented
         device = None
@@ -361,8 +235,7 @@ class OnlineDispatchMode(TorchDispatchMode):
                     self.results.graphs[graph.name].calls = index
                 return graph.compiled(*args, **kwargs)
             func, info = GraphOp(graph), GraphInfo(graph)
-            entry = self.results.graphs.setdefault(graph.name, graph_runs.GraphReport(
-                graph.name, graph.where, graph.backend_name, len(graph.nodes)))
+            entry = graph_entry(self.results, graph)
             entry.calls, entry.sampled = index, entry.sampled + 1
             if info.skip is not None:
                 entry.not_checked = info.skip
@@ -394,7 +267,7 @@ class OnlineDispatchMode(TorchDispatchMode):
         key = (reason, str(op))  # by name: the op objects are per call
         self.results.skipped[key] = self.results.skipped.get(key, 0) + 1
 
-    def _check(self, func: Any, info: _OpInfo, device: torch.device, args: tuple, kwargs: dict,
+    def _check(self, func: Any, info: OpInfo, device: torch.device, args: tuple, kwargs: dict,
                float64: bool = False) -> Any:
         results = self.results
         too_large = torch_memory.too_large(2 * reference.input_bytes(args, kwargs), reference.CPU)
@@ -419,13 +292,13 @@ class OnlineDispatchMode(TorchDispatchMode):
             self._judge(func, info, device, ref, args, kwargs, out)
         return out
 
-    def _judge(self, func: Any, info: _OpInfo, device: torch.device, ref: Any, args: tuple, kwargs: dict,
+    def _judge(self, func: Any, info: OpInfo, device: torch.device, ref: Any, args: tuple, kwargs: dict,
                out: Any) -> None:
         """The reference run and the figures of one op (now, or handed to the reference thread)."""
-        job = _Job(func, info, device, ref, args, kwargs, None)
+        job = Job(func, info, device, ref, args, kwargs, None)
         try:
             void = out is None or (isinstance(out, tuple) and not out)
-            written = _written_devices(info, args, kwargs) if void else None
+            written = written_devices(info, args, kwargs) if void else None
             threaded = self._hand_off(out)
             pool = self._pool
             if threaded or (pool is not None and not self._threaded):  # judged later: the user's frames are those of now
@@ -433,7 +306,7 @@ class OnlineDispatchMode(TorchDispatchMode):
             if threaded:
                 # the thread gets private copies of what it compares: the user's program goes on
                 # and may change these tensors in place before the thread reads them
-                pool.submit(job, self._measure, job, _snapshot(out), _snapshot(written),
+                pool.submit(job, self._measure, job, snapshot(out), snapshot(written),
                             torch.is_inference_mode_enabled())
                 return
             outcome = self._prepare(job, out, written)
@@ -447,43 +320,43 @@ class OnlineDispatchMode(TorchDispatchMode):
         except Exception as exc:  # recorded in the op's row and the summary, never raised
             self._finish_job(job, exc)
 
-    def _prepare(self, job: _Job, out: Any, written: list[Any] | None) -> _Skipped | _ReferenceFailed | None:
+    def _prepare(self, job: Job, out: Any, written: list[Any] | None) -> Skipped | ReferenceFailed | None:
         """Number the op, run the CPU reference and pair its results with the device's (into
         job.cmp). Inline, or in the reference thread, which then owns the numbering: ops are
         numbered in the order they ran either way, so the CSV does not depend on timing."""
         if job.func in self._no_cpu_kernel:  # an earlier call, still in flight when this one ran, found out
-            return _SKIPPED
+            return SKIPPED
         info = job.info
         idx = self._counters.get(info.api, 0) + 1
         self._counters[info.api] = idx
         job.prefix = f"{info.api}_{idx}"
-        job.cmp = cmp = verdict.OpComparison(job.prefix, chained=info.chained,
-                                             rounded_once_terms=reference.rounded_once_terms(job.func, job.args))
+        job.cmp = cmp = leaf_pairs.OpComparison(job.prefix, chained=info.chained,
+                                                rounded_once_terms=reference.rounded_once_terms(job.func, job.args))
         ref = job.ref
-        verdict.collect_inputs(cmp, job.args, job.kwargs,
-                               ref.pristine_args if ref.pristine_args is not None else ref.args,
-                               ref.pristine_kwargs if ref.pristine_kwargs is not None else ref.kwargs)
+        leaf_pairs.collect_inputs(cmp, job.args, job.kwargs,
+                                  ref.pristine_args if ref.pristine_args is not None else ref.args,
+                                  ref.pristine_kwargs if ref.pristine_kwargs is not None else ref.kwargs)
         try:
             with torch.no_grad():
                 ref_out = info.on_host(*ref.args, **ref.kwargs)
         except Exception as exc:
             self._no_cpu_kernel.add(job.func)
-            return _ReferenceFailed(exc)
-        pairs = _written_pairs(info, written, ref) if written is not None else None
-        verdict.collect_outputs(cmp, out, ref_out, pairs)
+            return ReferenceFailed(exc)
+        pairs = written_pairs(info, written, ref) if written is not None else None
+        leaf_pairs.collect_outputs(cmp, out, ref_out, pairs)
         return None
 
-    def _measure(self, job: _Job, out: Any, written: list[Any] | None, inference: bool) -> Any:
+    def _measure(self, job: Job, out: Any, written: list[Any] | None, inference: bool) -> Any:
         """The reference thread's work for one op (grad and inference mode are thread-local, so
         the user's are set again here)."""
         with torch.inference_mode(inference):
             outcome = self._prepare(job, out, written)
             return outcome if outcome is not None else verdict.figures(job.cmp.pairs, self._scaled, self.options.debug)
 
-    def _finish_job(self, job: _Job, figures: Any) -> None:
+    def _finish_job(self, job: Job, figures: Any) -> None:
         """Rows, failure record and dumps of one op (on the user's thread, in op order)."""
         results = self.results
-        if figures is _SKIPPED:
+        if figures is SKIPPED:
             key = (skip_list.NO_CPU_KERNEL, job.func)
             results.skipped[key] = results.skipped.get(key, 0) + 1
             return
@@ -491,7 +364,7 @@ class OnlineDispatchMode(TorchDispatchMode):
         results.compared_by_op[str(job.func)] += 1
         results.devices[job.device.type] = results.devices.get(job.device.type, 0) + 1
         name = f"{job.prefix}_output" if job.prefix is not None else f"{job.info.api}_output"
-        if isinstance(figures, _ReferenceFailed):
+        if isinstance(figures, ReferenceFailed):
             exc = figures.exc
             results.add_rows([special_row(name, "", "", "", "", "Nan",
                                           f"reference run failed on cpu: {type(exc).__name__}: {exc}")])
@@ -512,7 +385,7 @@ class OnlineDispatchMode(TorchDispatchMode):
         dumped = False
         if mode == "all" or (mode == "list" and job.info.api in self._listed) or (mode == "auto" and failing):
             try:
-                self._dump(job)
+                dump_job(results.run_dir, job)
                 dumped = True
             except Exception as exc:
                 results.add_error(str(job.func), "dumping", exc)
@@ -520,68 +393,6 @@ class OnlineDispatchMode(TorchDispatchMode):
             results.add_failure(FailedOp(job.prefix, str(job.func), [leaf_summary(r) for r in failing], dumped),
                                 job.prefix, job.info.overload)
             if isinstance(job.func, GraphOp):
-                self._localise(job, failing[0].name)
+                localise(results, job, failing[0].name)
         if self.options.debug:
             logger.info("online_dispatch: %s (%s) %s", job.prefix, job.func, "Failed" if failing else "Pass")
-
-    def _localise(self, job: _Job, leaf: str) -> None:
-        """The first node of a failing graph that loses the precision, and its reproduction
-        (probes.compiled.localize), once per graph; in the summary's ``graphs``."""
-        graph = job.func.graph
-        entry = self.results.graphs.setdefault(graph.name, graph_runs.GraphReport(
-            graph.name, graph.where, graph.backend_name, len(graph.nodes)))
-        entry.flagged += 1
-        if entry.localisation is not None or entry.errors:
-            return
-        tail = leaf.rsplit("_output.", 1)
-        index = int(tail[1].split(".")[0]) if len(tail) == 2 and tail[1].split(".")[0].isdigit() else None
-        backward = isinstance(job.func, GraphBackwardOp)
-        args = job.args[:len(job.args) - len(job.func.outputs)] if backward else job.args
-        try:
-            found = localise_and_reproduce(graph, args, self.results.run_dir / "graphs", None if backward else index,
-                                           stage="backward" if backward else "forward")
-        except Exception as exc:
-            entry.errors.append(f"localising: {type(exc).__name__}: {exc}")
-            return
-        if found is not None:
-            entry.localisation = found
-            logger.warning("online_dispatch: %s (%s, %s) loses precision at %s; reproduction in %s", job.prefix,
-                           graph.where, graph.backend_name, found.describe(), found.repro)
-
-    def _dump(self, job: _Job) -> None:
-        run_dir = self.results.run_dir
-        ref = job.ref
-        dump.dump_inputs(run_dir, job.prefix, ref.pristine_args if ref.pristine_args is not None else ref.args,
-                         ref.pristine_kwargs if ref.pristine_kwargs is not None else ref.kwargs, job.args, job.kwargs)
-        leaves = [(leaf.name, *job.cmp.pairs[leaf.index]) for leaf in job.cmp.outputs if leaf.index >= 0]
-        dump.dump_outputs(run_dir, leaves)
-
-
-def _written_devices(info: _OpInfo, args: tuple, kwargs: dict) -> list[Any]:
-    """The device arguments a void op (``_foreach_add_``) wrote into: its outputs."""
-    positions, names = info.written
-    return [args[i] for i in positions if i < len(args)] + [kwargs[n] for n in names if n in kwargs]
-
-
-def _written_pairs(info: _OpInfo, devices: list[Any], ref: reference.ReferenceCall) -> list[tuple[Any, Any]]:
-    """(device, reference) values of the arguments a void op wrote into, in _written_devices' order."""
-    positions, names = info.written
-    refs = [ref.args[i] for i in positions if i < len(ref.args)] + [ref.kwargs[n] for n in names if n in ref.kwargs]
-    return list(zip(devices, refs))
-
-
-def _output_bytes(out: Any) -> int:
-    if isinstance(out, torch.Tensor):
-        return out.numel() * out.element_size()
-    if isinstance(out, (tuple, list)):
-        return sum(t.numel() * t.element_size() for t in out if isinstance(t, torch.Tensor))
-    return 0
-
-
-def _snapshot(x: Any) -> Any:
-    if isinstance(x, torch.Tensor):
-        return x.detach().clone()
-    if isinstance(x, (list, tuple)):
-        items = [_snapshot(v) for v in x]
-        return items if isinstance(x, list) else tuple(items)
-    return x

@@ -12,6 +12,8 @@ import os
 import time
 from pathlib import Path
 
+from probes.core.file_names import dispatch_run_dir_name
+
 DIR_MODE = 0o750
 
 
@@ -23,10 +25,9 @@ def timestamp(seconds: float) -> str:
 def create_run_dir(root: Path, rank: int, tag: str | None, now: float | None = None) -> tuple[Path, str]:
     """Claim a fresh run directory under `root`; returns it and its timestamp."""
     t = time.time() if now is None else now
-    stem = f"msprobe_{tag}_rank{rank}" if tag else f"msprobe_rank{rank}"
     for _ in range(100000):
         ts = timestamp(t)
-        path = root / f"{stem}_{ts}"
+        path = root / dispatch_run_dir_name(tag, rank, ts)
         try:
             path.mkdir(mode=DIR_MODE)
         except FileExistsError:

@@ -12,7 +12,8 @@ they drop out, so `call_rule` decides per call (eval mode and dropout-free train
 The reference (msprobe 8.3.3) kept a fixed name list with gaps (``empty_like``, ``normal_``,
 ``native_dropout``, void ops such as ``_foreach_add_`` ... were re-run and compared); here the
 categories come from the op's schema where possible (no tensor argument, a Generator argument,
-the ``nondeterministic_seeded`` tag, view aliasing), and the name lists below cover the rest.
+the ``nondeterministic_seeded`` tag, view aliasing), and the name lists below and the random kernels
+of probes.core.random_ops cover the rest.
 
 Casts are copies, but a cast *to* an FP8 format is a rounding to 3 or 2 significand bits that
 FP8 training relies on (and one *from* it must be exact): ``_to_copy``'s reason is a copy, but its
@@ -26,6 +27,7 @@ from typing import Any, Callable
 
 import torch
 
+from probes.core.random_ops import RANDOM_KERNELS, is_random
 from probes.core.thresholds import FLOAT8_DTYPES, SCALE_DTYPES
 
 FACTORY = "factory: no tensor input, the output depends only on the arguments"
@@ -59,9 +61,6 @@ for _reason, _names in (
     (UNINITIALISED, "empty empty_like empty_strided empty_permuted new_empty new_empty_strided resize_ resize_as_ "
                     "set_ _resize_output_ _empty_affine_quantized _empty_per_channel_affine_quantized"),
     (CONSTANT_FILL, "zeros_like ones_like full_like new_zeros new_ones new_full fill fill_ zero_ scalar_tensor"),
-    (RNG, "rand rand_like randn randn_like randint randint_like randperm bernoulli bernoulli_ multinomial normal "
-          "normal_ uniform_ exponential_ geometric_ cauchy_ log_normal_ random_ poisson binomial native_dropout "
-          "dropout _fused_dropout rrelu_with_noise _standard_gamma _sample_dirichlet"),
     (COPY, "_to_copy to copy_ clone contiguous lift lift_fresh lift_fresh_copy _copy_from _copy_from_and_resize "
            "detach detach_ _pin_memory pin_memory _unsafe_view _reshape_alias _to_dense to_dense "
            "_nested_tensor_from_tensor_list"),
@@ -129,6 +128,8 @@ def skip_reason(func: Any) -> str | None:
     by_name = _BY_NAME.get(name)
     if by_name is not None:
         return by_name
+    if is_random(name, RANDOM_KERNELS):  # kernels, not public names: fractional_max_pool2d's is deterministic
+        return RNG
     if name in ATTENTION_BY_CALL and func.namespace == "aten":
         return None  # decided per call: call_rule
     if "all_reduce" in name or "allreduce" in name or "all_gather" in name or "reduce_scatter" in name:

@@ -1,11 +1,9 @@
 """The catalogue's gate: each API x dtype against the goldens of its device kind.
 
-A golden is one reviewed file per machine identity (probes.backends.hardware: the CPU's vendor,
-kernel path and BLAS; the GPU model; the NPU SoC):
-``golden/catalogue/<device>/<identity>/catalogue.csv``, one row per API x dtype (samples, max and
-p99 ulp, the largest accumulation test ratio, free_benchmark's verdict), with ``meta.json``
-recording the identity, the versions that made it (torch / mindspore, python, numpy, probes;
-CUDA or CANN) and the date. An accepted upgrade is one diff to read.
+The goldens (one reviewed file per machine identity, and where they lie) are
+pytest_msprobe.catalogue.golden_files; catalogue.csv and how its figures are shown are
+pytest_msprobe.catalogue.results_table: this module judges, and names their public members too
+(``__all__``), so what reads ``gate.X`` reads one module for the whole catalogue gate.
 
 Two kinds of limit judge a run:
 
@@ -43,28 +41,20 @@ correct kernels). With ``--msprobe-regen-golden`` every measured row is **regene
 session writes this machine's golden at its end (rows of APIs not run this time are kept), and
 the tests pass; review the diff.
 
-A golden folder of the previous layout (``golden/catalogue/<device>/catalogue.csv``, no identity)
-is read as the golden of an unrecorded machine: it serves the machine-independent limits only.
-
 The gate's own limits (ULP_MARGIN, ULP_MARGIN_ABS, CROSS_MACHINE_FACTOR, CROSS_MACHINE_ABS) are
 defined here; the accumulation test ratio's limit is the ratio's own (probes.core.accumulation).
 """
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 import math
-import threading
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from probes.core.accumulation import ACCUMULATES_IN, RATIO_LIMIT
 from probes.core.catalogue_status import (
     ACCEPTED,
     BROKEN,
+    FAILING,
     FLAGGED,
     MEASURED,
     NEW,
@@ -77,67 +67,58 @@ from probes.core.catalogue_status import (
     STATUS_RANK,
     failing,
 )
-from probes.core.catalogue_status import FAILING as FAILING  # the gate's verdicts, read as gate.X too
-from probes.core.number_format import short_number
-from probes.core.writers import write_text_atomic
 from pytest_msprobe.catalogue import fp8_ops
-from pytest_msprobe.golden import kinds as gk
+from pytest_msprobe.catalogue.golden_files import (
+    CATALOGUE,
+    DEVICE_FOLDER,
+    GOLDEN_FILE,
+    GOLDEN_HEADER,
+    GOLDEN_NAME,
+    KNOWN_FILE,
+    KNOWN_HEADER,
+    UNRECORDED,
+    GoldenRow,
+    Goldens,
+    KnownError,
+    golden_name,
+    goldens,
+    identities,
+    load,
+    render,
+    stored,
+    write_golden,
+)
+from pytest_msprobe.catalogue.results_table import (
+    CSV_FILE,
+    CSV_HEADER,
+    ratio_text,
+    ulp_sort_value,
+    ulp_text,
+    worst,
+    write_csv,
+)
+
+# what the plugin, the report and the tests read as gate.X: the verdicts, the goldens, the table
+__all__ = [
+    "ACCEPTED", "BROKEN", "FAILING", "FLAGGED", "MEASURED", "NEW", "NEWLY_FLAGGED", "OK", "OVER_LIMIT",
+    "REGENERATED", "REGRESSED", "SKIPPED", "STATUS_RANK", "failing",
+    "CATALOGUE", "DEVICE_FOLDER", "GOLDEN_FILE", "GOLDEN_HEADER", "GOLDEN_NAME", "KNOWN_FILE", "KNOWN_HEADER",
+    "UNRECORDED", "GoldenRow", "Goldens", "KnownError", "golden_name", "goldens", "identities", "load", "render",
+    "stored", "write_golden",
+    "CSV_FILE", "CSV_HEADER", "ratio_text", "ulp_sort_value", "ulp_text", "worst", "write_csv",
+    "ULP_MARGIN", "ULP_MARGIN_ABS", "CROSS_MACHINE_FACTOR", "CROSS_MACHINE_ABS", "ONE_ROUNDING",
+    "CORRECTLY_ROUNDED_ULP", "ulp_bound", "cross_machine_bound", "ratio_limit", "judge",
+]
 
 ULP_MARGIN = 0.5
 ULP_MARGIN_ABS = 1.0
 CROSS_MACHINE_FACTOR = 16.0
 CROSS_MACHINE_ABS = 16.0
-DEVICE_FOLDER = "catalogue/{device}"
-GOLDEN_NAME = DEVICE_FOLDER + "/{identity}"
-UNRECORDED = "unrecorded"  # the identity of a golden of the previous layout
-GOLDEN_FILE = "catalogue.csv"
-KNOWN_FILE = "known.csv"  # beside the identities' folders: accepted on every machine of the device kind
-KNOWN_HEADER = ["api", "dtype", "ratio", "reason"]
-GOLDEN_HEADER = ["api", "dtype", "source", "samples", "max_ulp", "p99_ulp", "ratio", "free_benchmark"]
-_PREVIOUS_HEADER = ["api", "dtype", "source", "samples", "max_ulp", "p99_ulp", "free_benchmark"]
-CSV_FILE = "catalogue.csv"
-CSV_HEADER = ["api", "dtype", "device", "samples", "max_ulp", "p99_ulp", "ratio", "free_benchmark", "status",
-              "golden_max_ulp", "golden_p99_ulp", "golden", "hardware", "source", "elements", "message"]
 
 # APIs whose correct answer is one rounding of the exact value (the FP8 casts): on every machine at
 # most half an ulp, so any figure above it is over the limit, golden or not
 ONE_ROUNDING = frozenset(fp8_ops.CASTS)
 CORRECTLY_ROUNDED_ULP = 0.5
-
-
-@dataclass(frozen=True)
-class GoldenRow:
-    source: str
-    samples: int
-    max_ulp: float
-    p99_ulp: float
-    free_benchmark: str
-    ratio: float | None = None  # the largest accumulation test ratio (accumulating APIs)
-
-
-@dataclass(frozen=True)
-class KnownError:
-    """A row of ``known.csv``: an accumulation error accepted on every machine of the device kind
-    (a kernel property of some machines, reviewed), up to the cross-machine bound of `ratio`."""
-
-    ratio: float
-    reason: str
-
-
-@dataclass(frozen=True)
-class Goldens:
-    """The goldens a run on one machine is judged against: its own identity's, and the others of
-    its device kind (identity -> rows)."""
-
-    device: str
-    identity: str
-    own: dict[tuple[str, str], GoldenRow] | None
-    others: dict[str, dict[tuple[str, str], GoldenRow]] = field(default_factory=dict)
-    known: dict[tuple[str, str], KnownError] = field(default_factory=dict)
-
-    @property
-    def own_name(self) -> str:
-        return golden_name(self.device, self.identity)
 
 
 def ulp_bound(golden: float) -> float:
@@ -152,93 +133,6 @@ def cross_machine_bound(golden: float) -> float:
 
 def ratio_limit(dtype: str) -> float:
     return RATIO_LIMIT.get(dtype, RATIO_LIMIT["float32"])
-
-
-def golden_name(device: str, identity: str) -> str:
-    return GOLDEN_NAME.format(device=device, identity=identity)
-
-
-def render(rows: dict[tuple[str, str], GoldenRow]) -> dict[str, bytes]:
-    body = [[api, dtype, r.source, r.samples, r.max_ulp, r.p99_ulp, r.ratio, r.free_benchmark]
-            for (api, dtype), r in sorted(rows.items())]
-    return {GOLDEN_FILE: gk.csv_bytes(GOLDEN_HEADER, body)}
-
-
-def load(folder: Path) -> dict[tuple[str, str], GoldenRow]:
-    path = folder / GOLDEN_FILE
-    try:
-        table = gk.read_table(path, GOLDEN_HEADER)
-    except ValueError:
-        table = gk.read_table(path, _PREVIOUS_HEADER)  # raises the first error's kind when neither fits
-    out = {}
-    for row in table:
-        ratio = row.get("ratio", "")
-        out[(row["api"], row["dtype"])] = GoldenRow(row["source"], int(row["samples"] or 0), float(row["max_ulp"]),
-                                                    float(row["p99_ulp"]), row["free_benchmark"],
-                                                    float(ratio) if ratio else None)
-    return out
-
-
-CATALOGUE = gk.Kind("catalogue", render, load)
-
-_cache: dict[Path, Any] = {}
-_cache_lock = threading.Lock()
-
-
-def _rows(folder: Path) -> dict[tuple[str, str], GoldenRow] | None:
-    with _cache_lock:
-        if folder not in _cache:
-            _cache[folder] = load(folder) if (folder / GOLDEN_FILE).is_file() else None
-        return _cache[folder]
-
-
-def stored(root: Path, device: str) -> dict[str, Path]:
-    """identity -> folder of every golden of `device` under `root`. The identity is the one its
-    meta.json records (the folder is named after it when written; a copied or edited folder
-    keeps what it was measured on); UNRECORDED for a golden of the previous layout."""
-    folder = root / DEVICE_FOLDER.format(device=device)
-    out: dict[str, Path] = {}
-    if not folder.is_dir():
-        return out
-    for sub in sorted(p for p in folder.iterdir() if p.is_dir() and (p / GOLDEN_FILE).is_file()):
-        identity = _recorded_identity(sub) or sub.name
-        if identity not in out or sub.name == identity:
-            out[identity] = sub
-    if (folder / GOLDEN_FILE).is_file():
-        out.setdefault(UNRECORDED, folder)
-    return out
-
-
-def _recorded_identity(folder: Path) -> str | None:
-    try:
-        meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    key = meta.get("hardware", {}).get("key") if isinstance(meta.get("hardware"), dict) else None
-    return str(key) if key else None
-
-
-def identities(root: Path, device: str) -> list[str]:
-    """The identities with a golden of `device` under `root`."""
-    return list(stored(root, device))
-
-
-def goldens(root: Path, device: str, identity: str) -> Goldens:
-    """This machine's golden and the other identities' (each file read once per process)."""
-    folders = stored(root, device)
-    others = {other: rows for other, folder in folders.items() if other != identity
-              for rows in [_rows(folder)] if rows is not None}
-    own = _rows(folders[identity]) if identity in folders else None
-    known = _known(root / DEVICE_FOLDER.format(device=device) / KNOWN_FILE)
-    return Goldens(device, identity, own, others, known)
-
-
-def _known(path: Path) -> dict[tuple[str, str], KnownError]:
-    with _cache_lock:
-        if path not in _cache:
-            table = gk.read_table(path, KNOWN_HEADER) if path.is_file() else []
-            _cache[path] = {(r["api"], r["dtype"]): KnownError(float(r["ratio"]), r["reason"]) for r in table}
-        return _cache[path]
 
 
 def judge(result: dict[str, Any], golden: Goldens, regen: bool) -> dict[str, Any]:
@@ -362,56 +256,3 @@ def _within(now: float, golden: float, bound: Any = ulp_bound) -> bool:
     if math.isnan(now):
         return math.isnan(golden)
     return now <= bound(golden) or (math.isinf(golden) and math.isinf(now))
-
-
-def ulp_text(v: Any, missing: str = "-") -> str:
-    """An ulp figure as shown, `missing` when not measured."""
-    return short_number(float(v)) if isinstance(v, (int, float)) else missing
-
-
-def ratio_text(v: Any) -> str:
-    """A test ratio as shown: 3 significant digits (it is read against its limit, not to the last ulp)."""
-    return short_number(float(v), 3) if isinstance(v, (int, float)) else "-"
-
-
-def ulp_sort_value(v: Any) -> float:
-    """Sort value of an ulp figure, largest first when negated: infinity first, NaN and missing last."""
-    if isinstance(v, (int, float)) and not math.isnan(v):
-        return float(v)
-    return -1.0
-
-
-def worst(results: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
-    """The rows to read first: failing ones, then the largest max ulp (measured rows only)."""
-    measured = [r for r in results if isinstance(r.get("max_ulp"), (int, float))]
-    return sorted(measured, key=lambda r: (0 if failing(r) else 1, -ulp_sort_value(r["max_ulp"])))[:n]
-
-
-def write_csv(path: Path, results: list[dict[str, Any]]) -> Path:
-    """catalogue.csv: one row per API x dtype of this session, worst max ulp first."""
-    rows = sorted(results, key=lambda r: (-ulp_sort_value(r.get("max_ulp")), r["api"], r["dtype"]))
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(CSV_HEADER)
-    for r in rows:
-        writer.writerow([gk.fmt(r.get(k)) if k != "free_benchmark" else r.get("verdict", "") for k in CSV_HEADER])
-    return write_text_atomic(path, buf.getvalue())
-
-
-def write_golden(store: Any, device: str, identity: str, results: list[dict[str, Any]]) -> bool:
-    """Merge this session's measured rows into this machine's golden (rows of APIs not run are
-    kept) and write it; False when nothing changed."""
-    name = golden_name(device, identity)
-    folder = store.folder(name)
-    rows = load(folder) if (folder / GOLDEN_FILE).is_file() else {}
-    for r in results:
-        if r.get("status") != REGENERATED:
-            continue
-        ratio = r.get("ratio")
-        rows[(r["api"], r["dtype"])] = GoldenRow(r["source"], int(r["samples"]), float(r["max_ulp"]),
-                                                 float(r["p99_ulp"]), r["verdict"],
-                                                 float(ratio) if isinstance(ratio, (int, float)) else None)
-    changed = store.write(name, CATALOGUE, rows)
-    with _cache_lock:
-        _cache.pop(folder, None)
-    return changed

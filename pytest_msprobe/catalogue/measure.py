@@ -21,7 +21,6 @@ bits, then depend on neither the machine's core count nor pytest-xdist, and gold
 from __future__ import annotations
 
 import functools
-import tempfile
 import warnings
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
@@ -31,20 +30,17 @@ import numpy as np
 from probes.core.accumulation import accumulation_ratio
 from probes.core.errors import ConfigError
 from probes.core.trees import iter_leaves, tree_map
-from probes.core.ulps import ULP_DTYPES, UlpSummary, ulp_errors
+from probes.core.ulps import ULP_DTYPES, ulp_errors
 from pytest_msprobe.catalogue import accumulating, fp8_ops, npu_ops
 from pytest_msprobe.catalogue.draws import draw_examples
-from pytest_msprobe.catalogue.mindspore_ops import measure_mindspore
-from pytest_msprobe.catalogue.records import (
-    NOT_APPLICABLE,
-    SAMPLES,
-    CatalogueCase,
-    CatalogueResult,
-    NothingToMeasure,
-    first_line,
-    largest,
-    summary_verdict,
+from pytest_msprobe.catalogue.measurement import (
+    Failure,
+    ProbeCannotJudge,
+    free_benchmark_verdict_of,
+    measure_samples,
 )
+from pytest_msprobe.catalogue.mindspore_ops import measure_mindspore
+from pytest_msprobe.catalogue.records import NOT_APPLICABLE, SAMPLES, CatalogueCase, CatalogueResult
 
 
 # samples ----------------------------------------------------------------------------------------
@@ -239,51 +235,51 @@ def _to_device(tree: Any, device: str) -> Any:
     return tree_map(lambda x: x.to(device) if isinstance(x, torch.Tensor) else x, tree)
 
 
+class TorchFramework:
+    """PyTorch's part of the shared measurement (pytest_msprobe.catalogue.measurement): a sample
+    is (call, inp, args, kwargs) of torch_samples, run on copies so an in-place API leaves it as
+    drawn for the next run."""
+
+    def __init__(self, device: str, probe_config: Any = None) -> None:
+        self.device = device
+        self.probe_config = probe_config
+
+    def reference(self, sample: tuple) -> Any:
+        from pytest_msprobe.catalogue.opinfo_ops import copy_tree, upcast
+
+        call, inp, args, kwargs = sample
+        return call(*tree_map(upcast, copy_tree((inp, args, kwargs))))
+
+    def run(self, sample: tuple) -> Any:
+        from pytest_msprobe.catalogue.opinfo_ops import copy_tree
+
+        call, inp, args, kwargs = sample
+        return call(*_to_device(copy_tree((inp, args, kwargs)), self.device))
+
+    def errors(self, out: Any, ref: Any) -> list[np.ndarray]:
+        return sample_errors(out, ref)
+
+    def ratios(self, kind: str, sample: tuple, out: Any, ref: Any) -> list[np.ndarray]:
+        from pytest_msprobe.catalogue.opinfo_ops import copy_tree, upcast
+
+        call, inp, args, kwargs = sample
+        return sample_ratios(kind, call, tree_map(upcast, copy_tree((inp, args, kwargs))), out, ref)
+
+    def nothing_to_measure(self, case: CatalogueCase, failures: list[Failure]) -> str | None:
+        if any(not f.on_reference for f in failures):
+            return None  # the device run raises: a row of its own (broken against a golden that measured it)
+        why = failures[0].text if failures else "no floating-point output"
+        return f"{case.api} ({case.dtype}): nothing to measure: {why}"
+
+    def verdict(self, case: CatalogueCase, samples: list[tuple]) -> tuple[str, str]:
+        return free_benchmark_verdict(case, self.device, samples, self.probe_config)
+
+
 def measure_torch(case: CatalogueCase, device: str, probe_config: Any = None, samples: int = SAMPLES,
                   verdict: bool = True) -> CatalogueResult:
     """Measure a PyTorch case (module docstring); NothingToMeasure when there is nothing to score."""
-    from pytest_msprobe.catalogue.opinfo_ops import copy_tree, upcast
-
-    kind = accumulating.family(case.api)
     with _single_thread(device):
-        inputs = torch_samples(case, samples)
-        errors: list[np.ndarray] = []
-        ratios: list[np.ndarray] = []
-        measured, failures, ref_failures = 0, [], []
-        for call, inp, args, kwargs in inputs:
-            ref_in = tree_map(upcast, copy_tree((inp, args, kwargs)))
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    ref = call(*ref_in)
-            except Exception as exc:
-                ref_failures.append(f"{type(exc).__name__}: {first_line(exc)}")
-                continue
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    out = call(*_to_device(copy_tree((inp, args, kwargs)), device))
-            except Exception as exc:
-                failures.append(f"{type(exc).__name__}: {first_line(exc)}")
-                continue
-            leaf_errors = sample_errors(out, ref)
-            if leaf_errors:
-                measured += 1
-                errors += leaf_errors
-                if kind:
-                    ratios += sample_ratios(kind, call, tree_map(upcast, copy_tree((inp, args, kwargs))), out, ref)
-        if not measured and not failures:
-            why = ref_failures[0] if ref_failures else "no floating-point output"
-            raise NothingToMeasure(f"{case.api} ({case.dtype}): nothing to measure: {why}")
-        summary = UlpSummary.of(errors)
-        result = CatalogueResult(case.api, case.dtype, device, case.source, measured, summary.elements,
-                                 summary.max_ulp, summary.p99_ulp, NOT_APPLICABLE)
-        result.ratio = largest(ratios)
-        if failures and not measured:
-            result.error = failures[0]
-        if verdict and measured:
-            result.verdict, result.verdict_detail = free_benchmark_verdict(case, device, inputs, probe_config)
-    return result
+        return measure_samples(case, TorchFramework(device, probe_config), torch_samples(case, samples), verdict)
 
 
 def free_benchmark_verdict(case: CatalogueCase, device: str, inputs: list[tuple],
@@ -294,28 +290,24 @@ def free_benchmark_verdict(case: CatalogueCase, device: str, inputs: list[tuple]
 
     if case.exclusion:
         return NOT_APPLICABLE, f"free_benchmark never re-runs {case.key}: {case.exclusion}"
-    with tempfile.TemporaryDirectory(prefix="msprobe-catalogue-") as tmp:
-        if probe_config is None:
+
+    def debugger_for(dump_path: str) -> Any:
+        config = probe_config
+        if config is None:
             from probes.core.config import load_config
 
-            probe_config = load_config(None, task="free_benchmark", dump_path=tmp, overrides={
+            config = load_config(None, task="free_benchmark", dump_path=dump_path, overrides={
                 "pert_mode": "improve_precision", "list": [case.key], "rule": "scaled"})
-        if case.dtype == "float32" and probe_config.free_benchmark.rule == "reference":
-            return NOT_APPLICABLE, "msprobe's ratio rule has nothing to upcast in float32 (--msprobe-rule=scaled does)"
-        debugger = PrecisionDebugger(config=probe_config)
-        debugger.start()
-        try:
-            for call, inp, args, kwargs in inputs:
-                try:
-                    with warnings.catch_warnings():
-                        warnings.simplefilter("ignore")
-                        call(*_to_device(copy_tree((inp, args, kwargs)), device))
-                except Exception:  # noqa: S112 - the device run's own failure is reported by the measurement
-                    continue
-        finally:
-            debugger.stop()
-        summary = debugger.summary()
-    return summary_verdict(case.key, summary)
+        if case.dtype == "float32" and config.free_benchmark.rule == "reference":
+            raise ProbeCannotJudge("msprobe's ratio rule has nothing to upcast in float32 (--msprobe-rule=scaled does)")
+        return PrecisionDebugger(config=config)
+
+    def rerun(call: Callable[..., Any], inp: Any, args: tuple, kwargs: dict) -> Any:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return call(*_to_device(copy_tree((inp, args, kwargs)), device))
+
+    return free_benchmark_verdict_of(case.key, debugger_for, (functools.partial(rerun, *s) for s in inputs))
 
 
 def measure(case: CatalogueCase, device: str, probe_config: Any = None, samples: int = SAMPLES) -> CatalogueResult:

@@ -12,7 +12,6 @@ dtypes (bfloat16 notably): such a case is a skipped test with MindSpore's reason
 from __future__ import annotations
 
 import functools
-import tempfile
 import warnings
 from typing import Any
 
@@ -20,19 +19,17 @@ import numpy as np
 
 from probes.core.accumulation import accumulation_ratio
 from probes.core.errors import ConfigError
-from probes.core.ulps import UlpSummary, ulp_errors
+from probes.core.ulps import ulp_errors
 from pytest_msprobe.catalogue import accumulating
 from pytest_msprobe.catalogue.draws import draw_examples
-from pytest_msprobe.catalogue.records import (
-    NOT_APPLICABLE,
-    SAMPLES,
-    CatalogueCase,
-    CatalogueResult,
-    NothingToMeasure,
-    first_line,
-    largest,
-    summary_verdict,
+from pytest_msprobe.catalogue.measurement import (
+    Failure,
+    ProbeCannotJudge,
+    Unscorable,
+    free_benchmark_verdict_of,
+    measure_samples,
 )
+from pytest_msprobe.catalogue.records import SAMPLES, CatalogueCase, CatalogueResult
 
 FORMS = ("unary", "unary_dim", "binary", "reduce")
 _FAMILIES = {"Torch": ("", "Mint."), "Functional": ("nn.functional", "MintFunctional.")}
@@ -94,6 +91,57 @@ def _host(t: Any) -> np.ndarray:
         np.float64)
 
 
+class MindSporeFramework:
+    """MindSpore's part of the shared measurement (pytest_msprobe.catalogue.measurement): a sample
+    is (args, kwargs, ref_args), the device inputs in the case's dtype and the same in float64;
+    outputs are compared as float64 NumPy arrays, since NumPy has no bfloat16."""
+
+    device = "cpu"  # MindSpore runs on its configured target, the CPU build here
+
+    def __init__(self, key: str, dtype: str) -> None:
+        self.key = key
+        self.dtype = dtype
+
+    def reference(self, sample: tuple[list[Any], dict, list[Any]]) -> np.ndarray:
+        _, kwargs, ref_args = sample
+        return _host(_callable(self.key)(*ref_args, **kwargs))
+
+    def run(self, sample: tuple[list[Any], dict, list[Any]]) -> np.ndarray:
+        args, kwargs, _ = sample
+        return _host(_callable(self.key)(*args, **kwargs))
+
+    def errors(self, out: np.ndarray, ref: np.ndarray) -> list[np.ndarray]:
+        if out.shape != ref.shape:
+            raise Unscorable(f"output shape {out.shape} differs from the reference's {ref.shape}")
+        return [ulp_errors(out, ref, self.dtype).reshape(-1)]
+
+    def ratios(self, kind: str, sample: tuple[list[Any], dict, list[Any]], out: np.ndarray,
+               ref: np.ndarray) -> list[np.ndarray]:
+        _, kwargs, ref_args = sample
+        return [_ratios(kind, self.key, ref_args, kwargs, out, ref, self.dtype)]
+
+    def nothing_to_measure(self, case: CatalogueCase, failures: list[Failure]) -> str:
+        # no kernel for this dtype on this target (or another signature): a skip, never a broken row
+        return f"{case.api} ({case.dtype}) on MindSpore: {failures[0].text if failures else 'no sample'}"
+
+    def verdict(self, case: CatalogueCase, samples: list[tuple[list[Any], dict, list[Any]]]) -> tuple[str, str]:
+        from probes.mindspore import PrecisionDebugger
+
+        def debugger_for(dump_path: str) -> Any:
+            try:
+                return PrecisionDebugger(config={"task": "free_benchmark", "dump_path": dump_path, "free_benchmark": {
+                    "pert_mode": "improve_precision", "list": [_full_name(case.key)], "rule": "scaled"}})
+            except ConfigError:
+                raise ProbeCannotJudge(f"{_full_name(case.key)} is not in MindSpore free_benchmark's whitelist") from None
+
+        return free_benchmark_verdict_of(case.key, debugger_for,
+                                         (functools.partial(_rerun, case.key, args, kwargs) for args, kwargs, _ in samples))
+
+
+def _rerun(key: str, args: list[Any], kwargs: dict) -> Any:
+    return _callable(key)(*args, **kwargs)  # looked up at the call, once the probe has hooked the name
+
+
 def measure_mindspore(case: CatalogueCase, samples: int = SAMPLES) -> CatalogueResult:
     """Measure a MindSpore case as measure.measure_torch does a PyTorch one (module docstring)."""
     import mindspore as ms
@@ -104,35 +152,9 @@ def measure_mindspore(case: CatalogueCase, samples: int = SAMPLES) -> CatalogueR
     mindspore_xp.warm_up()  # MindSpore with NumPy 2 fails its first operator once
     dtype = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}[case.dtype]
     drawn = draw_examples(api_inputs(case.ref, case.dtype), samples + 1, case.seed)[1:]  # not the all-zero first
-    fn_key = case.key
-    inputs = [([_to_ms(a, dtype) for a in args], kwargs) for args, kwargs in drawn]
-    kind = accumulating.family(case.api)
-    errors, ratios, measured, failures = [], [], 0, []
-    for (args, kwargs), (targs, _) in zip(inputs, drawn):
-        ref_args = [_to_ms(a, ms.float64) for a in targs]
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                ref = _callable(fn_key)(*ref_args, **kwargs)
-                out = _callable(fn_key)(*args, **kwargs)
-                got, want = _host(out), _host(ref)
-        except Exception as exc:  # no kernel for this dtype on this target, or another signature
-            failures.append(f"{type(exc).__name__}: {first_line(exc)}")
-            continue
-        if got.shape != want.shape:
-            failures.append(f"output shape {got.shape} differs from the reference's {want.shape}")
-            continue
-        errors.append(ulp_errors(got, want, case.dtype).reshape(-1))
-        if kind:
-            ratios.append(_ratios(kind, fn_key, ref_args, kwargs, got, want, case.dtype))
-        measured += 1
-    if not measured:
-        raise NothingToMeasure(f"{case.api} ({case.dtype}) on MindSpore: {failures[0] if failures else 'no sample'}")
-    summary = UlpSummary.of(errors)
-    result = CatalogueResult(case.api, case.dtype, "cpu", case.source, measured, summary.elements, summary.max_ulp,
-                             summary.p99_ulp, NOT_APPLICABLE, ratio=largest(ratios))
-    result.verdict, result.verdict_detail = _verdict(case, inputs)
-    return result
+    inputs = [([_to_ms(a, dtype) for a in args], kwargs, [_to_ms(a, ms.float64) for a in args])
+              for args, kwargs in drawn]
+    return measure_samples(case, MindSporeFramework(case.key, case.dtype), inputs)
 
 
 def _ratios(kind: str, key: str, ref_args: list[Any], kwargs: dict[str, Any], got: np.ndarray, want: np.ndarray,
@@ -151,24 +173,3 @@ def _ratios(kind: str, key: str, ref_args: list[Any], kwargs: dict[str, Any], go
     first = next((a for a in ref_args if isinstance(a, ms.Tensor)), None)
     count = accumulating.term_count(kind, ones, int(first.size) if first is not None else 1, int(got.size))
     return accumulation_ratio(got, want, magnitude, count, dtype)
-
-
-def _verdict(case: CatalogueCase, inputs: list[tuple[list[Any], dict]]) -> tuple[str, str]:
-    from probes.mindspore import PrecisionDebugger
-
-    with tempfile.TemporaryDirectory(prefix="msprobe-catalogue-") as tmp:
-        try:
-            debugger = PrecisionDebugger(config={"task": "free_benchmark", "dump_path": tmp, "free_benchmark": {
-                "pert_mode": "improve_precision", "list": [_full_name(case.key)], "rule": "scaled"}})
-        except ConfigError:
-            return NOT_APPLICABLE, f"{_full_name(case.key)} is not in MindSpore free_benchmark's whitelist"
-        debugger.start()
-        try:
-            for args, kwargs in inputs:
-                try:
-                    _callable(case.key)(*args, **kwargs)
-                except Exception:  # noqa: S112 - reported by the measurement
-                    continue
-        finally:
-            debugger.stop()
-        return summary_verdict(case.key, debugger.summary())

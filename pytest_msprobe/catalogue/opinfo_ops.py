@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from probes.backends.torch_apis import build_catalog
+from probes.core.random_ops import TORCH_RANDOM_FUNCTIONS, is_random
 
 SEED = 1234
 
@@ -32,11 +33,6 @@ NAMESPACES: dict[str, tuple[Any, str]] = {
     "special": (torch.special, "Torch.special."),
     "masked": (torch.masked, "Torch.masked."),
 }
-# OpInfo names of random ops: substrings, and whole dotted/underscored tokens where a substring
-# would also catch deterministic ops (normalize, poisson_nll_loss, special.log_ndtr)
-_RANDOM_SUBSTRINGS = ("dropout", "rand", "bernoulli", "multinomial", "uniform")
-_RANDOM_TOKEN = re.compile(r"(^|\.)(normal|poisson|nn\.functional\.rrelu|gumbel_softmax|fractional_max_pool\w*|"
-                           r"cauchy|exponential|geometric|log_normal)($|\.)")
 _UNINIT = re.compile(r"(^|\.)(new_)?empty")
 
 
@@ -64,7 +60,9 @@ class Entry:
 
 
 def is_random_name(name: str) -> bool:
-    return any(s in name for s in _RANDOM_SUBSTRINGS) or bool(_RANDOM_TOKEN.search(name))
+    """Whether the OpInfo entry named `name` draws random numbers: OpInfo calls torch's public
+    functions, so the torch-level list applies (fractional_max_pool2d is random as it is called)."""
+    return is_random(name, TORCH_RANDOM_FUNCTIONS)
 
 
 def build_corpus(ops: list[str] | None = None, limit: int | None = None) -> tuple[list[Entry], dict[str, str]]:

@@ -20,19 +20,16 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from probes.core.config import TASKS
 from probes.core.errors import ConfigError
-from probes.core.session_tables import ApiRow, OpRow, ParamRow, ProbeAccount, read_table
+from probes.core.session_tables import ProbeAccount
 from probes.core.writers import write_text_atomic
 from pytest_msprobe.reports.primitives import as_list, esc, mapping
 from pytest_msprobe.reports.sections.api_checks import api_checks_section
-from pytest_msprobe.reports.sections.apis import apis_section
-from pytest_msprobe.reports.sections.fp8 import fp8_section
-from pytest_msprobe.reports.sections.grad_probe import params_section, similarities_section
+from pytest_msprobe.reports.sections.findings import FindingsContext, findings_parts
 from pytest_msprobe.reports.sections.header import catalogue_header, tool_header
-from pytest_msprobe.reports.sections.ops import ops_section
 from pytest_msprobe.reports.sections.probe import account_section, errors_section
 from pytest_msprobe.reports.sections.tests import graphs_section, tests_section
+from pytest_msprobe.tools import TOOLS
 
 CATALOGUE = "catalogue"  # the "tool" of a session that ran the API precision catalogue only
 
@@ -45,8 +42,8 @@ def render_html(session: Mapping[str, Any], out_path: str | os.PathLike[str]) ->
     tools appear too when the session carries their data (a merged summary).
     """
     tool = session.get("tool") if isinstance(session, Mapping) else None
-    if tool not in TASKS and tool != CATALOGUE:
-        raise ConfigError("tool", tool, f"one of {', '.join(TASKS)} or {CATALOGUE}",
+    if tool not in TOOLS and tool != CATALOGUE:
+        raise ConfigError("tool", tool, f"one of {', '.join(TOOLS)} or {CATALOGUE}",
                           hint="render_html takes the summary.json dictionary of a session")
     out = Path(out_path)
     if tool == CATALOGUE:  # a session without --msprobe-task: the catalogue and/or per-API checks
@@ -63,19 +60,8 @@ def render_html(session: Mapping[str, Any], out_path: str | os.PathLike[str]) ->
     parts = [tool_header(session, tool, tests, unit)]
     account = ProbeAccount.from_dict("probe", session["probe"]) if "probe" in session else None
     checked = account.checked if account is not None else None
-    sections = {  # per tool: (summary key, section builder)
-        "free_benchmark": [("apis", lambda d: apis_section(read_table(ApiRow, d), bool(tests), unit))],
-        "grad_probe": [("params", lambda d: params_section(read_table(ParamRow, d), bool(tests), unit)),
-                       ("similarities", lambda d: similarities_section(mapping(d)))],
-        "online_dispatch": [("ops", lambda d: ops_section(read_table(OpRow, d), bool(tests), unit,
-                                                          checked if tool == "online_dispatch" else None))],
-    }
-    for owner in [tool] + [t for t in TASKS if t != tool]:  # the session's own tool first
-        for key, build in sections[owner]:
-            if owner == tool or session.get(key):
-                parts.append(build(session.get(key)))
-        if owner == "grad_probe":  # only where a grad_probe run wrote FP8 health columns
-            parts.append(fp8_section(tests, base, unit))
+    parts += findings_parts(lambda own: FindingsContext(session, tests, unit, base, checked, own),
+                            list(TOOLS.values()), TOOLS[tool])
     if session.get("api_checks"):
         parts.append(api_checks_section(session.get("api_checks")))
     if session.get("catalogue"):

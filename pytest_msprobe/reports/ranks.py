@@ -20,7 +20,7 @@ from typing import Any
 
 from probes.core.config import TASKS
 from probes.core.errors import ConfigError
-from probes.core.session_tables import COMPARED_BY_OP, ProbeAccount, failing_ops, write_table
+from probes.core.session_tables import ProbeAccount, write_table
 from probes.core.writers import write_json_atomic
 from pytest_msprobe.tools import TOOLS
 
@@ -69,7 +69,7 @@ def merge_ranks(dump_path: str | os.PathLike[str], tool: str | None = None, *, w
             per_rank[rank] = {"status": STATUS_MISSING, "summaries": [], "findings": 0, "first": None, "errors": []}
             continue
         config = config or summaries[0].get("config") or {}
-        result, found, errors = _READERS[tool](summaries, files[rank], rank)
+        result, found, errors = TOOLS[tool].read_rank(summaries, files[rank], rank)
         results.append((f"rank{rank}", result))
         findings += found
         selected = _selected(summaries[0].get("config") or {}, rank)
@@ -126,66 +126,6 @@ def _finding_text(f: dict[str, Any]) -> str:
 def _selected(config: dict[str, Any], rank: int) -> bool:
     ranks = config.get("rank") or []
     return not ranks or rank in ranks
-
-
-# per tool: (rank's summaries, their files, rank) -> (the task's per-test result, findings, errors)
-def _free_benchmark(summaries: list[dict[str, Any]], paths: list[Path], rank: int) -> tuple[dict, list, list]:
-    s = summaries[0]
-    found = [{"rank": rank, "what": row["api_name"], "name": row["api"], "step": row["step"], "order": i,
-              "figure": row["max_rel"], "threshold": row["threshold"],
-              "figure_text": f"max_rel {_shown(row['max_rel'])} > threshold {_shown(row['threshold'])}, "
-                             f"{row['dtype']}" + (f" output {row['output_index']}" if row["output_index"] != "" else ""),
-              "evidence": row.get("detail", {}).get("csv") or str(paths[0])}
-             for i, row in enumerate(s.get("flagged", []))]
-    result = TOOLS["free_benchmark"].result_of(s)
-    return result, found, result["errors"]
-
-
-def _grad_probe(summaries: list[dict[str, Any]], paths: list[Path], rank: int) -> tuple[dict, list, list]:
-    from probes.grad_probe.health import nonfinite_gradients  # reads CSVs only: no framework
-
-    rank_dir = paths[0].parent
-    bad = nonfinite_gradients(rank_dir)
-    found = [{"rank": rank, "what": f.param, "name": f.param, "step": f.step, "order": i, "figure": f.figures,
-              "threshold": "finite", "figure_text": ", ".join(f"{k} {v}" for k, v in f.figures.items()) + " (not finite)",
-              "evidence": f.csv} for i, f in enumerate(sorted(bad, key=lambda f: f.step))]
-    s = summaries[0]  # the rank's monitor summary: one optimizer
-    watch = {"framework": s.get("framework", ""), "errors": [], "config": s.get("config", {}),
-             "optimizers": [dict(s, dump_path=str(rank_dir))], "nonfinite": [f.to_dict() for f in bad]}
-    result = TOOLS["grad_probe"].result_of(watch)
-    return result, found, result["errors"]
-
-
-def _online_dispatch(summaries: list[dict[str, Any]], paths: list[Path], rank: int) -> tuple[dict, list, list]:
-    found, csvs = [], []
-    merged: dict[str, Any] = {"failed_ops": [], "ops_compared": 0, "probe_errors": {}, "skipped_calls": {},
-                              COMPARED_BY_OP: {}}
-    per_op = all(COMPARED_BY_OP in s for s in summaries)  # calls per op only where every run counted them
-    for s, path in zip(summaries, paths):  # a rank's runs, as one
-        csv = str(path.parent / s["csv"]) if s.get("csv") else str(path)
-        csvs.append(csv)
-        for f in failing_ops(s):
-            found.append({"rank": rank, "what": f["name"], "name": f["op"], "step": None, "order": len(found),
-                          "figure": f["cosine"], "threshold": None,
-                          "figure_text": f"cosine {_shown(f['cosine'])}, max abs err {_shown(f['max_abs_err'])}",
-                          "evidence": csv})
-        merged["failed_ops"] += s.get("failed_ops", [])
-        merged["ops_compared"] += s.get("ops_compared", 0)
-        for key in ("probe_errors", "skipped_calls", COMPARED_BY_OP):
-            for k, n in (s.get(key) or {}).items():
-                merged[key][k] = merged[key].get(k, 0) + n
-    if not per_op:
-        del merged[COMPARED_BY_OP]
-    merged["csv_path"] = csvs[0] if csvs else None
-    result = TOOLS["online_dispatch"].result_of(merged)
-    return result, found, result["errors"]
-
-
-_READERS = {"free_benchmark": _free_benchmark, "grad_probe": _grad_probe, "online_dispatch": _online_dispatch}
-
-
-def _shown(v: Any) -> str:
-    return f"{v:.6g}" if isinstance(v, float) else str(v)
 
 
 __all__ = ["MERGED_NAME", "REPORT_NAME", "describe", "merge_ranks", "rank_summaries"]

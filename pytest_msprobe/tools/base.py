@@ -70,6 +70,8 @@ class Tool:
     name = ""
     table_title = ""  # the terminal section's title
     run_class: type[ToolRun] = ToolRun  # what the tool's fixture hands a test
+    # the report's sections that draw its findings, in order (pytest_msprobe.reports.sections.findings)
+    report_sections: tuple[str, ...] = ()
 
     # -- its keys and labels in summary.json: probes.core.tool_keys states them once, for the CLI too --
     @property
@@ -91,6 +93,11 @@ class Tool:
     @property
     def findings_label(self) -> str:
         return self.keys.findings_label
+
+    def session_config_problem(self, config: Any) -> str | None:
+        """Why `config` cannot drive a whole pytest session under this tool (each test one probe
+        run), with what is allowed instead; None when it can."""
+        return None
 
     # -- a test under the session's probe -------------------------------------------------------
     def start(self, framework: str, config: Any) -> Any:
@@ -157,6 +164,14 @@ class Tool:
         """What its golden kind reads of a fixture's run."""
         raise NotImplementedError
 
+    def read_rank(self, summaries: list[dict[str, Any]], paths: list[Path], rank: int
+                  ) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:  # pragma: no cover - abstract
+        """One rank of a multi-rank dump read back (pytest_msprobe.reports.ranks): from its summary
+        files (`paths`, read as `summaries`), the result the session would keep, the rank's findings
+        in order (rank, what, name, step, order, figure, threshold, figure_text, evidence) and its
+        probe errors."""
+        raise NotImplementedError
+
     def make_run(self, framework: str, config_for: Callable[..., Any], dump: Path, label: str,
                  overrides: dict[str, Any]) -> ToolRun:
         """The fixture's run: `config_for(task, dump_path, overrides)` gives the effective config;
@@ -179,6 +194,11 @@ def add_failure(result: dict[str, Any], stage: str, exc: BaseException) -> None:
     text = f"{type(exc).__name__}: {exc}"
     result["errors"] = result["errors"] + [ProbeError(f"probe {stage}", text, 1).to_dict()]
     result["probe_failure"] = text
+
+
+def shown(v: Any) -> str:
+    """A figure as a finding's text shows it."""
+    return f"{v:.6g}" if isinstance(v, float) else str(v)
 
 
 def nothing_checked(not_checked: Mapping[str, int], none: str) -> str:

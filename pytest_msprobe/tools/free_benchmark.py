@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from probes.core.records import rule_figures
 from probes.core.session_tables import ApiRow, ProbeError, api_table, sort_figure
 from probes.core.table_text import figure_text, risky_table_lines
-from pytest_msprobe.tools.base import KEPT, Results, Tool, ToolRun, nothing_checked
+from pytest_msprobe.tools.base import KEPT, Results, Tool, ToolRun, nothing_checked, shown
 
 
 def failure_message(nodeid: str, summary: dict[str, Any], limit: int = 10) -> str:
@@ -89,6 +90,14 @@ class FreeBenchmarkTool(Tool):
     name = "free_benchmark"
     table_title = "risky APIs"
     run_class = FreeBenchmarkRun
+    report_sections = ("apis",)
+
+    def session_config_problem(self, config: Any) -> str | None:
+        if config.free_benchmark.if_preheat:
+            return ("free_benchmark.if_preheat=true does not fit --msprobe-task: each test is one probe run "
+                    "without training steps, and preheat needs a census step and preheat_step sampling steps; "
+                    "allowed: if_preheat false here (use preheat in a training script)")
+        return None
 
     def result_of(self, summary: Mapping[str, Any]) -> dict[str, Any]:
         apis = summary["apis"]
@@ -162,3 +171,17 @@ class FreeBenchmarkTool(Tool):
     def run_golden_input(self, run: FreeBenchmarkRun) -> Any:
         """What its golden kind reads of a fixture's run."""
         return run.summary.get("apis", {})
+
+    def read_rank(self, summaries: list[dict[str, Any]], paths: list[Path], rank: int
+                  ) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+        s = summaries[0]
+        found = [{"rank": rank, "what": row["api_name"], "name": row["api"], "step": row["step"], "order": i,
+                  "figure": row["max_rel"], "threshold": row["threshold"],
+                  "figure_text": f"max_rel {shown(row['max_rel'])} > threshold {shown(row['threshold'])}, "
+                                 f"{row['dtype']}" + (f" output {row['output_index']}" if row["output_index"] != ""
+                                                      else ""),
+                  "evidence": row.get("detail", {}).get("csv") or str(paths[0])}
+                 for i, row in enumerate(s.get("flagged", []))]
+        result = self.result_of(s)
+        return result, found, result["errors"]
+

@@ -134,6 +134,7 @@ class GradProbeTool(Tool):
     name = "grad_probe"
     table_title = "non-finite gradients"
     run_class = GradProbeRun
+    report_sections = ("params", "similarities", "fp8_health")
 
     def start(self, framework: str, config: Any) -> Any:
         return entered(GradProbeRun(framework, config, ""))
@@ -182,3 +183,20 @@ class GradProbeTool(Tool):
 
     def run_golden_input(self, run: GradProbeRun) -> Any:
         return run.dump_path
+
+    def read_rank(self, summaries: list[dict[str, Any]], paths: list[Path], rank: int
+                  ) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+        from probes.grad_probe.health import nonfinite_gradients  # reads CSVs only: no framework
+
+        rank_dir = paths[0].parent
+        bad = nonfinite_gradients(rank_dir)
+        found = [{"rank": rank, "what": f.param, "name": f.param, "step": f.step, "order": i, "figure": f.figures,
+                  "threshold": "finite",
+                  "figure_text": ", ".join(f"{k} {v}" for k, v in f.figures.items()) + " (not finite)",
+                  "evidence": f.csv} for i, f in enumerate(sorted(bad, key=lambda f: f.step))]
+        s = summaries[0]  # the rank's monitor summary: one optimizer
+        watch = {"framework": s.get("framework", ""), "errors": [], "config": s.get("config", {}),
+                 "optimizers": [dict(s, dump_path=str(rank_dir))], "nonfinite": [f.to_dict() for f in bad]}
+        result = self.result_of(watch)
+        return result, found, result["errors"]
+

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from probes.core.session_tables import (
+    COMPARED_BY_OP,
     OpRow,
     ProbeError,
     as_number,
@@ -16,7 +17,7 @@ from probes.core.session_tables import (
     write_table,
 )
 from probes.core.table_text import figure_text, text_table
-from pytest_msprobe.tools.base import KEPT, Results, Tool, ToolRun, entered, nothing_checked
+from pytest_msprobe.tools.base import KEPT, Results, Tool, ToolRun, entered, nothing_checked, shown
 
 
 def dispatch_arguments(config: Any, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -128,6 +129,7 @@ class OnlineDispatchTool(Tool):
     name = "online_dispatch"
     table_title = "ops that disagree with the CPU reference"
     run_class = OnlineDispatchRun
+    report_sections = ("ops",)
 
     def start(self, framework: str, config: Any) -> Any:
         if framework != "pytorch":
@@ -202,6 +204,32 @@ class OnlineDispatchTool(Tool):
 
     def run_golden_input(self, run: OnlineDispatchRun) -> Any:
         return run.failing_ops
+
+    def read_rank(self, summaries: list[dict[str, Any]], paths: list[Path], rank: int
+                  ) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+        found, csvs = [], []
+        merged: dict[str, Any] = {"failed_ops": [], "ops_compared": 0, "probe_errors": {}, "skipped_calls": {},
+                                  COMPARED_BY_OP: {}}
+        per_op = all(COMPARED_BY_OP in s for s in summaries)  # calls per op only where every run counted them
+        for s, path in zip(summaries, paths):  # a rank's runs, as one
+            csv = str(path.parent / s["csv"]) if s.get("csv") else str(path)
+            csvs.append(csv)
+            for f in failing_ops(s):
+                found.append({"rank": rank, "what": f["name"], "name": f["op"], "step": None, "order": len(found),
+                              "figure": f["cosine"], "threshold": None,
+                              "figure_text": f"cosine {shown(f['cosine'])}, max abs err {shown(f['max_abs_err'])}",
+                              "evidence": csv})
+            merged["failed_ops"] += s.get("failed_ops", [])
+            merged["ops_compared"] += s.get("ops_compared", 0)
+            for key in ("probe_errors", "skipped_calls", COMPARED_BY_OP):
+                for k, n in (s.get(key) or {}).items():
+                    merged[key][k] = merged[key].get(k, 0) + n
+        if not per_op:
+            del merged[COMPARED_BY_OP]
+        merged["csv_path"] = csvs[0] if csvs else None
+        result = self.result_of(merged)
+        return result, found, result["errors"]
+
 
 
 def _split_error(key: str) -> tuple[str, str]:

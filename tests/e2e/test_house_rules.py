@@ -382,3 +382,60 @@ def test_the_bug_id_pattern_tells_an_id_from_a_dtype():
 def test_no_test_is_named_after_a_bug_id():
     hits = _bug_id_test_names()
     assert not hits, "name a test after what it checks:\n" + "\n".join(hits)
+
+
+# msprobe's PrecisionDebugger is per task by its own API (start/stop run free_benchmark, monitor()
+# runs grad_probe): the compatibility facades keep that shape for users, so they may name a tool;
+# so may the config parser (msprobe's config file has one section per task) and each tool's own
+# file names (probes/core/file_names.py)
+TOOL_BRANCHES_ALLOWED = ("pytest_msprobe/tools/", "probes/debugger.py", "probes/pytorch/debugger.py",
+                         "probes/mindspore/debugger.py", "probes/core/config.py", "probes/core/file_names.py")
+_NAMES_OF_A_TOOL = re.compile(r"(tool|task|name|owner)$")
+
+
+def _tool_branches(sources: dict[str, Path], tools: tuple[str, ...]) -> list[str]:
+    """Comparisons with a tool's name (``x == "grad_probe"``, ``x in ("free_benchmark", ...)``):
+    what a tool means belongs in its descriptor (pytest_msprobe.tools)."""
+    hits = []
+    for path in sources.values():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Compare):
+                continue
+            sides = [node.left, *node.comparators]
+            names = {c.value for side in sides for c in ast.walk(side)
+                     if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+            # what is compared: a variable that holds a tool's name (not a column or key named like one)
+            holders = [side.id if isinstance(side, ast.Name) else side.attr for side in sides
+                       if isinstance(side, (ast.Name, ast.Attribute))]
+            if names & set(tools) and any(_NAMES_OF_A_TOOL.search(h) for h in holders):
+                hits.append(f"{_shown(path)}:{node.lineno}: {ast.unparse(node)}")
+    return hits
+
+
+def test_no_module_branches_on_a_tool_name_outside_the_descriptors():
+    from probes.core.config import TASKS
+
+    sources = {n: p for n, p in _modules().items()
+               if not str(p.relative_to(ROOT)).startswith(TOOL_BRANCHES_ALLOWED)}
+    hits = _tool_branches(sources, TASKS)
+    assert not hits, ("say it in the tool's descriptor (pytest_msprobe/tools/) or its keys "
+                      "(probes/core/tool_keys.py), and read it from there:\n" + "\n".join(hits))
+
+
+def test_the_tool_branch_finder_finds_both_forms(tmp_path):
+    user = tmp_path / "user.py"
+    user.write_text('if tool == "grad_probe":\n    pass\nok = task in ("online_dispatch", "x")\n'
+                    'fine = name == "grad"\nkey = k != "free_benchmark"\n', encoding="utf-8")
+    hits = _tool_branches({"user": user}, ("free_benchmark", "grad_probe", "online_dispatch"))
+    assert [h.split(": ", 1)[1] for h in hits] == ["tool == 'grad_probe'", "task in ('online_dispatch', 'x')"]
+
+
+MODULE_LINES = 400  # one job per module: past this, a module is doing several
+
+
+def test_no_module_is_longer_than_one_job_needs():
+    long = {str(p.relative_to(ROOT)): n for p in _modules().values()
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MODULE_LINES}
+    assert not long, (f"split these by job (at most {MODULE_LINES} lines each):\n"
+                      + "\n".join(f"{p}: {n} lines" for p, n in sorted(long.items())))

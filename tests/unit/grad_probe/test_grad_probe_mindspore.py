@@ -269,7 +269,7 @@ def test_empty_bf16_and_bad_gradients(tmp_path: Path) -> None:
     g = np.array([[1.0, -2.0, 0.0], [3.0, 0.5, -1.0]], np.float32)
     mon = MindSporeGradMonitor(config(tmp_path, "L2"), opt)
     bf = Tensor(g).astype(ms.bfloat16)
-    mon._hook(opt, ((bf, Tensor(np.ones((0, 3), np.float32)), Tensor(np.array([1], np.int32))),))
+    mon.on_call(opt, ((bf, Tensor(np.ones((0, 3), np.float32)), Tensor(np.array([1], np.int32))),))
     mon.stop()
     rank0 = tmp_path / "dump" / "rank0"
     _, rows = read_csv_bytes(rank0 / "grad_summary_0.csv")
@@ -285,7 +285,7 @@ def test_empty_bf16_and_bad_gradients(tmp_path: Path) -> None:
     strict = MindSporeGradMonitor(config(tmp_path / "s", strict=True), opt)
     try:
         with pytest.raises(ProbeError, match="step 0"):
-            strict._hook(opt, ((Tensor(g), Tensor(np.ones((3,), np.float32))),))  # 2 gradients for 3 params
+            strict.on_call(opt, ((Tensor(g), Tensor(np.ones((3,), np.float32))),))  # 2 gradients for 3 params
     finally:
         strict.stop()
 

@@ -24,7 +24,7 @@ from repo_paths import REPO, SUPPORT
 from probes.backends.hardware import cpu_identity, hardware_identity, slug
 from probes.core.accumulation import RATIO_LIMIT, accumulation_ratio
 from probes.core.ulps import round_to
-from pytest_msprobe.catalogue import accumulating, gate
+from pytest_msprobe.catalogue import accumulating, gate, golden_files
 from pytest_msprobe.catalogue.cases import opinfo_available, opinfo_cases, table_cases
 from pytest_msprobe.catalogue.measure import measure_torch
 from pytest_msprobe.golden.store import validate_name
@@ -202,7 +202,7 @@ def test_a_golden_recorded_on_another_machine_judges_by_machine_independent_limi
     (folder / "meta.json").write_text(json.dumps(meta))
     own = gate.judge(result.to_dict(), gate.goldens(tmp_path / "golden", "cpu", here), regen=False)
     assert own["status"] == gate.REGRESSED and "max ulp" in own["message"]
-    gate._cache.clear()
+    golden_files.forget()
     # another machine than this one, whichever CPU this is
     other = next(k for k in ("amd-avx512-mkl-avx512bf16", "intel-amx-mkl-amx") if k != here)
     (folder / "meta.json").write_text(json.dumps(dict(meta, hardware={"key": other})))
@@ -211,7 +211,7 @@ def test_a_golden_recorded_on_another_machine_judges_by_machine_independent_limi
     foreign = gate.judge(result.to_dict(), golden, regen=False)
     assert foreign["status"] == gate.MEASURED and foreign["golden"] == other
     assert f"against the golden of {other}" in foreign["message"]
-    gate._cache.clear()
+    golden_files.forget()
 
 
 @pytest.mark.parametrize("source", SOURCES)

@@ -244,14 +244,19 @@ def test_importing_the_strategies_imports_no_framework():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_the_tensor_module_is_a_leaf_and_the_input_table_needs_only_it():
-    # each module imported alone: a cycle would load the other module of the pair too
+TENSOR_MODULES = ["bfloat16_bits", "exact_tensors", "exact_values", "framework_tensors", "tensor_dtypes",
+                  "tensor_shapes"]
+INPUT_MODULES = ["api_names", "input_forms", "input_table", "inputs"]
+
+
+def test_the_tensor_modules_are_a_leaf_and_the_input_table_needs_only_them():
+    # each module imported alone: a cycle would load the other side too
     code = ("import sys; import pytest_msprobe.api.{0}; "
             "loaded = sorted(m for m in sys.modules if m.startswith('pytest_msprobe.api.')); "
             "assert loaded == {1!r}, loaded")
-    for module, loaded in [("exact_tensors", ["pytest_msprobe.api.exact_tensors"]),
-                           ("inputs", ["pytest_msprobe.api.exact_tensors", "pytest_msprobe.api.inputs"])]:
-        subprocess.run([sys.executable, "-c", code.format(module, loaded)], check=True)
+    for module, loaded in [("exact_tensors", TENSOR_MODULES), ("inputs", sorted(TENSOR_MODULES + INPUT_MODULES))]:
+        expected = [f"pytest_msprobe.api.{m}" for m in loaded]
+        subprocess.run([sys.executable, "-c", code.format(module, expected)], check=True)
     assert S.api_inputs is api_inputs and S.tensors is tensors  # the public module gathers both
 
 

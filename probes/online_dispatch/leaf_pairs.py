@@ -1,0 +1,213 @@
+"""One op's device result and reference result, paired leaf by leaf before anything is measured.
+
+`collect_outputs` walks both results in parallel (tensors, tuples, lists, None, Python scalars;
+msprobe raised into the user's code on tuple, list and None outputs)
+and pairs every output leaf with its reference; for an op that returns nothing but writes into
+its arguments (``_foreach_add_``) the written arguments are the outputs. A reference leaf may say
+that its device leaf is not a value to compare (`reference.NotCompared`: attention's RNG state
+and bookkeeping; a row says why) or that only part of it is defined (`reference.PerQuery`:
+attention's logsumexp, compared on the queries that attend to something). A leaf that cannot be
+measured (shapes or types differ, empty) gets its row here, so that the measuring
+(probes.online_dispatch.verdict) sees only pairs of tensors it can reduce.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from probes.backends.torch_backend import BACKEND
+from probes.core import dispatch_metrics as dm
+from probes.core.thresholds import HAS_INFINITY, LARGEST_FINITE, overflow_boundary
+from probes.online_dispatch.reference import CPU, NotCompared, PerQuery
+from probes.online_dispatch.results import Row, special_row
+
+
+@dataclass
+class OutputLeaf:
+    name: str
+    dev_dtype: str  # str(dtype) of the device leaf, as the CSV shows it
+    ref_dtype: str
+    dtype_name: str  # "float32", "int64", … of the device leaf: picks the thresholds
+    shape: list[int]
+    index: int = -1  # position in the figure list, -1 when not measured
+    special: Row | None = None
+    tensor: bool = True  # False for Python scalars: the scaled rule applies to tensors only
+
+
+@dataclass
+class InputLeaf:
+    name: str
+    dev_dtype: str
+    ref_dtype: str
+    shape: list[int]
+    is_float: bool
+    numel: int
+    tensor: bool = True
+    index: int = -1  # position in the stats list, -1 for Python scalars
+    value: float = 0.0
+
+
+@dataclass
+class OpComparison:
+    """The leaves of one op call and the tensors the figures are computed from."""
+
+    prefix: str
+    outputs: list[OutputLeaf] = field(default_factory=list)
+    inputs: list[InputLeaf] = field(default_factory=list)
+    pairs: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    stat_tensors: list[torch.Tensor] = field(default_factory=list)
+    chained: bool = False  # a fused backward that rounds intermediates: the wider limit (thresholds)
+    # the FP8 matmul: its reference is exact, a correct kernel rounds once (dm.rounded_once_floor);
+    # the number of products summed per output element, 0 for every other op
+    rounded_once_terms: int = 0
+
+
+def _dtype_name(x: Any) -> str:
+    if isinstance(x, torch.Tensor):
+        if x.dtype.is_complex:
+            return "float32" if x.dtype == torch.complex64 else "float64"
+        return BACKEND.dtype_name(x)
+    if isinstance(x, bool):
+        return "bool"
+    if isinstance(x, int):
+        return "int64"
+    return "float64"
+
+
+def _type_str(x: Any) -> str:
+    return str(x.dtype) if isinstance(x, torch.Tensor) else str(type(x))
+
+
+def _shape(x: Any) -> list[int]:
+    return list(x.shape) if isinstance(x, torch.Tensor) else []
+
+
+def _real(t: torch.Tensor) -> torch.Tensor:
+    return torch.view_as_real(t) if t.dtype.is_complex else t
+
+
+_SCALARS = (bool, int, float)
+
+
+def _not_compared(cmp: OpComparison, name: str, dev: Any, ref: Any, message: str) -> None:
+    """A row for a device leaf the reference does not reproduce (accuracy Nan: not a failure)."""
+    ref_shape = str(_shape(ref)) if isinstance(ref, torch.Tensor) else ""
+    ref_type = _type_str(ref) if isinstance(ref, torch.Tensor) else ""
+    cmp.outputs.append(OutputLeaf(name, _type_str(dev), ref_type, _dtype_name(dev), _shape(dev), special=special_row(
+        name, _type_str(dev), ref_type, str(_shape(dev)), ref_shape, dm.NAN, message, figure="unsupported")))
+
+
+def _overflowed_as(ref: torch.Tensor, dev: torch.Tensor) -> torch.Tensor:
+    """The reference with the values that round beyond the device dtype's range as what the dtype
+    holds there: a float32 product of 1e30 and 1e30 is inf, correctly rounded, where the float64
+    reference holds 1e60; without this the two would be reported as an inf/nan mismatch. A value
+    rounds beyond the range from half an ulp above the largest value on (65520 in float16, not
+    65505). What the dtype holds there is its infinity, or, for an FP8 format without one, what
+    PyTorch's CPU cast gives (e4m3fn saturates at 448, the fnuz formats give NaN): a convention of
+    the framework, which the device's cast is held to."""
+    if not (dev.is_floating_point() and ref.is_floating_point()) or dev.dtype == ref.dtype:
+        return ref
+    name = BACKEND.dtype_name(dev)
+    boundary = overflow_boundary(name) if name in LARGEST_FINITE else torch.finfo(dev.dtype).max
+    beyond = ref.abs() >= boundary
+    if not bool(beyond.any()):
+        return ref
+    if name in HAS_INFINITY:
+        return torch.where(beyond, ref.sign() * float("inf"), ref)
+    return torch.where(beyond, ref.to(dev.dtype).to(ref.dtype), ref)
+
+
+def _add_pair(cmp: OpComparison, name: str, dev: Any, ref: Any) -> None:
+    if dev is None and (ref is None or isinstance(ref, NotCompared)):
+        return
+    if isinstance(ref, NotCompared):
+        _not_compared(cmp, name, dev, None, f"not compared: {ref.reason}")
+        return
+    if isinstance(ref, PerQuery):
+        aligned = ref.align(dev.detach().to(CPU)) if isinstance(dev, torch.Tensor) else None
+        if aligned is None:
+            _not_compared(cmp, name, dev, ref.value,
+                          "not compared: per-query values not computed, or in a layout not known here")
+            return
+        dev, ref = aligned
+    leaf = OutputLeaf(name, _type_str(dev), _type_str(ref), _dtype_name(dev), _shape(dev))
+    cmp.outputs.append(leaf)
+    if isinstance(dev, torch.Tensor) and isinstance(ref, torch.Tensor):
+        if dev.shape != ref.shape:
+            leaf.special = special_row(name, leaf.dev_dtype, leaf.ref_dtype, str(list(dev.shape)), str(list(ref.shape)),
+                                       dm.UNMATCHED, "shapes do not match", figure="shape unmatched")
+            return
+        if dev.numel() == 0:
+            leaf.special = special_row(name, leaf.dev_dtype, leaf.ref_dtype, str(list(dev.shape)), str(list(ref.shape)),
+                                       dm.NAN, "empty data, can not compare", figure="unsupported")
+            return
+        leaf.index = len(cmp.pairs)
+        cmp.pairs.append((_real(dev.detach()).to(CPU), _overflowed_as(_real(ref.detach()), dev)))
+        return
+    if isinstance(dev, _SCALARS) and isinstance(ref, _SCALARS):
+        leaf.tensor = False
+        leaf.index = len(cmp.pairs)
+        cmp.pairs.append((torch.tensor(float(dev), dtype=torch.float64), torch.tensor(float(ref), dtype=torch.float64)))
+        return
+    if isinstance(dev, torch.Tensor) != isinstance(ref, torch.Tensor) or type(dev) is not type(ref):
+        leaf.special = special_row(name, leaf.dev_dtype, leaf.ref_dtype, str(_shape(dev)), str(_shape(ref)),
+                                   dm.UNMATCHED, "device and reference results differ in type")
+        return
+    ok = dev == ref
+    leaf.special = special_row(name, leaf.dev_dtype, leaf.ref_dtype, "[]", "[]", dm.YES if ok else dm.NO,
+                               "compared by equality", figure="unsupported")
+
+
+def _walk_outputs(cmp: OpComparison, name: str, dev: Any, ref: Any) -> None:
+    if isinstance(dev, (list, tuple)) and isinstance(ref, (list, tuple)):
+        if len(dev) != len(ref):
+            cmp.outputs.append(OutputLeaf(name, "", "", "", [], special=special_row(
+                name, type(dev).__name__, type(ref).__name__, f"[{len(dev)}]", f"[{len(ref)}]", dm.UNMATCHED,
+                "device and reference results differ in structure", figure="shape unmatched")))
+            return
+        for i, (d, r) in enumerate(zip(dev, ref)):
+            _walk_outputs(cmp, f"{name}.{i}", d, r)
+        return
+    _add_pair(cmp, name, dev, ref)
+
+
+def collect_outputs(cmp: OpComparison, dev_out: Any, ref_out: Any, written: list[tuple[Any, Any]] | None) -> None:
+    """Pair the op's output leaves (for a void op that writes its arguments: those arguments)."""
+    prefix = cmp.prefix
+    if (dev_out is None or (isinstance(dev_out, tuple) and not dev_out)) and written:
+        for i, (d, r) in enumerate(written):
+            _walk_outputs(cmp, f"{prefix}_output.{i}", d, r)
+    elif isinstance(dev_out, (list, tuple)):
+        _walk_outputs(cmp, f"{prefix}_output", dev_out, ref_out)
+    else:
+        _add_pair(cmp, f"{prefix}_output", dev_out, ref_out)
+
+
+def collect_inputs(cmp: OpComparison, dev_args: tuple, dev_kwargs: dict, ref_args: tuple, ref_kwargs: dict) -> None:
+    """List the op's input leaves; statistics come from the reference copies taken before any run."""
+    prefix = cmp.prefix
+    for i, (d, r) in enumerate(zip(dev_args, ref_args)):
+        _walk_inputs(cmp, f"{prefix}_input.{i}", d, r)
+    for k, r in ref_kwargs.items():
+        _walk_inputs(cmp, f"{prefix}_input_{k}", dev_kwargs.get(k), r)
+
+
+def _walk_inputs(cmp: OpComparison, name: str, dev: Any, ref: Any) -> None:
+    if isinstance(ref, (list, tuple)) and isinstance(dev, (list, tuple)):
+        for i, (d, r) in enumerate(zip(dev, ref)):
+            _walk_inputs(cmp, f"{name}.{i}", d, r)
+        return
+    if isinstance(ref, torch.Tensor) and isinstance(dev, torch.Tensor):
+        numel = ref.numel()
+        leaf = InputLeaf(name, str(dev.dtype), str(ref.dtype), list(ref.shape),
+                         ref.is_floating_point() or ref.is_complex(), numel)
+        if numel:
+            leaf.index = len(cmp.stat_tensors)
+            cmp.stat_tensors.append(_real(ref))
+        cmp.inputs.append(leaf)
+    elif isinstance(ref, _SCALARS) and isinstance(dev, _SCALARS):
+        cmp.inputs.append(InputLeaf(name, str(type(dev)), str(type(ref)), [], isinstance(ref, float), 1,
+                                    tensor=False, value=float(ref)))

@@ -25,7 +25,7 @@ import mindspore.mint.nn.functional as mint_functional
 from mindspore import Tensor, mint, ops
 
 from probes.backends import api_exclusions
-from probes.backends.patching import ApiMeta, call_exclusion, inplace_position, is_op_callable
+from probes.backends.patching import ApiMeta, call_exclusion, catalog_meta, inplace_position, is_op_callable
 
 __all__ = ["FAMILIES", "WHITELIST", "build_catalog", "call_exclusion", "full_name"]
 
@@ -128,12 +128,14 @@ def _entry(prefix: str, owner: Any, name: str) -> ApiMeta | None:
         own, had_own = value, True
     if value is None or not is_op_callable(value):
         return None  # absent from this MindSpore, or not a function (mint.nn.functional.absolute_import)
-    meta = ApiMeta(prefix, name, owner, name, value, own_value=own, had_own=had_own)
-    meta.exclusion = api_exclusions.exclusion_reason(name)
-    meta.mutates_inputs = name in _MUTATES_INPUTS
-    if owner is not Tensor:
-        meta.inplace_pos = inplace_position(value)
-    return meta
+    return catalog_meta(prefix, name, owner, name, value, own, had_own, _classify)
+
+
+def _classify(meta: ApiMeta) -> None:
+    meta.exclusion = api_exclusions.exclusion_reason(meta.qualname)
+    meta.mutates_inputs = meta.qualname in _MUTATES_INPUTS
+    if meta.owner is not Tensor:
+        meta.inplace_pos = inplace_position(meta.original)
 
 
 def build_catalog() -> tuple[ApiMeta, ...]:

@@ -50,6 +50,28 @@ class ApiMeta:
         return f"{self.prefix}.{self.qualname}"
 
 
+# The metas of earlier catalogs, by key. A probe's catalog is read afresh (a library may have
+# patched an attribute since), but an attribute that still holds the object an earlier catalog
+# saw gets that catalog's meta again: its classification and its wrapper are made once per
+# process, not once per probe (a pytest session starts one probe per test).
+_KNOWN: dict[str, ApiMeta] = {}
+
+
+def catalog_meta(prefix: str, qual: str, owner: Any, attr: str, value: Any, own_value: Any, had_own: bool,
+                 classify: Callable[[ApiMeta], None]) -> ApiMeta:
+    """The meta of one hookable attribute: an earlier catalog's while the attribute holds the same
+    object (or our wrapper of it, installed now), else a new one that `classify` fills in."""
+    known = _KNOWN.get(f"{prefix}.{qual}")
+    if (known is not None and known.owner is owner and known.attr == attr and known.had_own == had_own
+            and (value is known.original or (value is not None and value is known.wrapper))
+            and (own_value is known.own_value or (own_value is not None and own_value is known.wrapper))):
+        return known
+    meta = ApiMeta(prefix, qual, owner, attr, value, own_value=own_value, had_own=had_own)
+    classify(meta)
+    _KNOWN[meta.key] = meta
+    return meta
+
+
 def call_exclusion(meta: ApiMeta, args: tuple, kwargs: dict) -> str | None:
     """Exclusions that depend on how the API is called (out=, inplace=True)."""
     if kwargs:

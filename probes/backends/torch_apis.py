@@ -78,23 +78,8 @@ def _module_entries(module: Any, prefix: str, qual_prefix: str, names: list[str]
     return metas
 
 
-# The metas of earlier catalogs, by key. A probe's catalog is read afresh (a library may have
-# patched an attribute since), but an attribute that still holds the object an earlier catalog
-# saw gets that catalog's meta again: its classification and its wrapper are made once per
-# process, not once per probe (a pytest session starts one probe per test).
-_KNOWN: dict[str, ApiMeta] = {}
-
-
 def _meta(prefix: str, qual: str, owner: Any, attr: str, value: Any, own_value: Any, had_own: bool) -> ApiMeta:
-    known = _KNOWN.get(f"{prefix}.{qual}")
-    if (known is not None and known.owner is owner and known.attr == attr and known.had_own == had_own
-            and (value is known.original or (value is known.wrapper and value is not None))
-            and (own_value is known.own_value or own_value is known.wrapper)):
-        return known  # the same object as before (or our own wrapper of it, installed now)
-    meta = ApiMeta(prefix, qual, owner, attr, value, own_value=own_value, had_own=had_own)
-    _classify(meta)
-    _KNOWN[meta.key] = meta
-    return meta
+    return patching.catalog_meta(prefix, qual, owner, attr, value, own_value, had_own, _classify)
 
 
 # Python operators and the aten op each computes
@@ -172,7 +157,38 @@ def _tensor_entries() -> list[ApiMeta]:
 
 def build_catalog() -> tuple[ApiMeta, ...]:
     """Every hookable API of the installed torch (and torch_npu when it imports), read afresh so
-    that attributes other libraries patched after import are the ones wrapped and restored."""
+    that attributes other libraries patched after import are the ones wrapped and restored. The
+    last catalog is handed out again while it is still what a fresh read would give: its owners
+    hold as many names as then and every attribute still holds its object."""
+    owners = _owners()
+    signature = tuple((id(o), len(o.__dict__)) for o in owners)
+    last = _LAST.get("catalog")
+    if last is not None and last[0] == signature and all(_current(m) for m in last[1]):
+        return last[1]
+    metas = _read_catalog()
+    _LAST["catalog"] = (signature, metas)
+    return metas
+
+
+_LAST: dict[str, tuple[tuple, tuple[ApiMeta, ...]]] = {}
+
+
+def _owners() -> tuple[Any, ...]:
+    import torch.nn.functional as F
+
+    subs = tuple(m for m in (getattr(torch, sub, None) for sub in _TORCH_SUBMODULES) if m is not None)
+    npu = sys.modules.get("torch_npu")
+    return (torch, *subs, F, torch.Tensor) + ((npu,) if npu is not None else ())
+
+
+def _current(meta: ApiMeta) -> bool:
+    """The attribute still holds the object the meta was read from (or our wrapper of it)."""
+    value = meta.owner.__dict__.get(meta.attr) if meta.had_own else getattr(meta.owner, meta.attr, None)
+    return value is (meta.own_value if meta.had_own else meta.original) or (
+        value is not None and value is meta.wrapper)
+
+
+def _read_catalog() -> tuple[ApiMeta, ...]:
     import torch.nn.functional as F
 
     metas: list[ApiMeta] = []
@@ -222,6 +238,8 @@ class TorchApiPatcher(ApiPatcher):
         super().__init__(metas, selects)
         self._window = window
         self._hooks: tuple[Any, ...] = ()
+        self._originals: dict[int, Any] | None = None  # wrapper id -> torch's function (TorchScript's view)
+        self._builtins: dict[int, Any] | None = None  # wrapper id -> the aten op TorchScript maps it to
 
     def install(self, handler: Any) -> None:
         super().install(handler)
@@ -247,7 +265,9 @@ class TorchApiPatcher(ApiPatcher):
                 setattr(owner, name, value)
             self._script_hooks = ()
             return
-        originals = {id(m.wrapper): m.original for m in self.metas if m.wrapper is not None}
+        if self._originals is None:  # the wrappers stay the same for the patcher's life: once
+            self._originals = {id(m.wrapper): m.original for m in self.metas if m.wrapper is not None}
+        originals = self._originals
 
         def seen_through(hook: Any) -> Any:
             def hooked(obj: Any, *rest: Any, **kw: Any) -> Any:
@@ -268,12 +288,11 @@ class TorchApiPatcher(ApiPatcher):
         from torch.jit import _builtins
 
         table = _builtins._get_builtin_table()
-        self._scripted = []
-        for meta in self.metas:
-            op = table.get(id(meta.original))
-            if op is not None and meta.wrapper is not None and id(meta.wrapper) not in table:
-                table[id(meta.wrapper)] = op
-                self._scripted.append(id(meta.wrapper))
+        if self._builtins is None:  # which wrappers stand for a builtin op: the same at every install
+            self._builtins = {id(m.wrapper): op for m in self.metas
+                              if m.wrapper is not None and (op := table.get(id(m.original))) is not None}
+        self._scripted = [key for key in self._builtins if key not in table]
+        table.update((key, self._builtins[key]) for key in self._scripted)
 
     def uninstall(self) -> None:
         self._script_view(False)

@@ -61,3 +61,15 @@ def test_a_catalog_built_while_the_wrappers_are_installed_restores_the_originals
         patcher.uninstall()
     assert during.original is torch._C._VariableFunctions.matmul
     assert torch.matmul is torch._C._VariableFunctions.matmul
+
+
+def test_the_catalog_is_handed_out_again_until_an_owner_gains_a_name(monkeypatch):
+    first = build_catalog()
+    assert build_catalog() is first
+
+    def my_activation(x):
+        return x * 2
+
+    monkeypatch.setattr(F, "my_activation", my_activation, raising=False)
+    grown = _by_key(build_catalog())
+    assert grown["Functional.my_activation"].original is my_activation

@@ -62,14 +62,21 @@ def catalog_meta(prefix: str, qual: str, owner: Any, attr: str, value: Any, own_
     """The meta of one hookable attribute: an earlier catalog's while the attribute holds the same
     object (or our wrapper of it, installed now), else a new one that `classify` fills in."""
     known = _KNOWN.get(f"{prefix}.{qual}")
-    if (known is not None and known.owner is owner and known.attr == attr and known.had_own == had_own
-            and (value is known.original or (value is not None and value is known.wrapper))
-            and (own_value is known.own_value or (own_value is not None and own_value is known.wrapper))):
+    if known is not None and known.owner is owner and known.attr == attr and holds(known, value, own_value, had_own):
         return known
     meta = ApiMeta(prefix, qual, owner, attr, value, own_value=own_value, had_own=had_own)
     classify(meta)
     _KNOWN[meta.key] = meta
     return meta
+
+
+def holds(meta: ApiMeta, value: Any, own_value: Any, had_own: bool) -> bool:
+    """Whether an attribute that now reads `value` (`own_value` in its owner's own dictionary,
+    `had_own` whether it is there) still holds the object `meta` was read from, or our wrapper of it."""
+    wrapper = meta.wrapper
+    return (had_own == meta.had_own
+            and (value is meta.original or (wrapper is not None and value is wrapper))
+            and (own_value is meta.own_value or (wrapper is not None and own_value is wrapper)))
 
 
 def call_exclusion(meta: ApiMeta, args: tuple, kwargs: dict) -> str | None:

@@ -162,15 +162,14 @@ def build_catalog() -> tuple[ApiMeta, ...]:
     hold as many names as then and every attribute still holds its object."""
     owners = _owners()
     signature = tuple((id(o), len(o.__dict__)) for o in owners)
-    last = _LAST.get("catalog")
-    if last is not None and last[0] == signature and all(_current(m) for m in last[1]):
-        return last[1]
+    if _LAST and _LAST[0][0] == signature and all(_current(m) for m in _LAST[0][1]):
+        return _LAST[0][1]
     metas = _read_catalog()
-    _LAST["catalog"] = (signature, metas)
+    _LAST[:] = [(signature, metas)]
     return metas
 
 
-_LAST: dict[str, tuple[tuple, tuple[ApiMeta, ...]]] = {}
+_LAST: list[tuple[tuple, tuple[ApiMeta, ...]]] = []  # the last catalog, with its owners' name counts
 
 
 def _owners() -> tuple[Any, ...]:
@@ -183,9 +182,8 @@ def _owners() -> tuple[Any, ...]:
 
 def _current(meta: ApiMeta) -> bool:
     """The attribute still holds the object the meta was read from (or our wrapper of it)."""
-    value = meta.owner.__dict__.get(meta.attr) if meta.had_own else getattr(meta.owner, meta.attr, None)
-    return value is (meta.own_value if meta.had_own else meta.original) or (
-        value is not None and value is meta.wrapper)
+    own = meta.owner.__dict__
+    return patching.holds(meta, getattr(meta.owner, meta.attr, None), own.get(meta.attr), meta.attr in own)
 
 
 def _read_catalog() -> tuple[ApiMeta, ...]:

@@ -20,7 +20,7 @@ class _Bound:
     must not go through that replacement."""
 
     def __init__(self) -> None:
-        for name in ("abs", "amax", "amin", "bitwise_xor", "cat", "full_like", "isfinite", "isnan", "maximum",
+        for name in ("abs", "amax", "amin", "bitwise_xor", "cat", "clamp", "full_like", "isfinite", "isnan", "maximum",
                      "mean", "ones_like", "reshape", "sqrt", "sum", "where", "zeros", "zeros_like"):
             setattr(self, name, getattr(ops, name))
 
@@ -132,6 +132,10 @@ def count_nonzero(x: Any, axis: Any = None) -> Any:
 
 def bitwise_xor(x: Any, y: Any) -> Any:
     return _ops.bitwise_xor(x, y)
+
+
+def clip(x: Any, min: Any = None, max: Any = None) -> Any:  # noqa: A002
+    return _ops.clamp(x, min, max)
 
 
 def compiled_namespace() -> Any:

@@ -9,6 +9,7 @@ import torch
 
 from probes.backends import torch_autodiff, torch_dtensor, torch_fp8, torch_leaves, torch_memory, torch_xp
 from probes.backends.base import BackendDefaults, bit_view_table
+from probes.backends.torch_equality import host_equal
 from probes.core import metrics
 from probes.core.precision_raise import raised_dtype
 from probes.core.trees import iter_leaves
@@ -224,12 +225,16 @@ class TorchBackend(BackendDefaults):
         """One host transfer per device for all the figures of a call."""
         if not arrays:
             return []
-        sizes = [a.numel() for a in arrays]
+        sizes = [len(a) if type(a) is list else a.numel() for a in arrays]
         by_device: dict[Any, list[int]] = {}
         for i, a in enumerate(arrays):
-            by_device.setdefault(a.device, []).append(i)
+            by_device.setdefault(None if type(a) is list else a.device, []).append(i)
         out: list[list[float]] = [[] for _ in arrays]
         for device, idx in by_device.items():
+            if device is None:  # figures on the host already (any_differ's CPU answer)
+                for i in idx:
+                    out[i] = list(arrays[i])
+                continue
             # figures are computed in float32 or wider, so a device without float64 loses nothing
             # by sending them as float32
             flat = torch.cat([arrays[i].reshape(-1).to(widest_float(device)) for i in idx]).tolist()
@@ -241,7 +246,10 @@ class TorchBackend(BackendDefaults):
 
     def any_differ(self, a: Any, b: Any) -> Any:
         """Device scalar: number of differing elements (integer/bool outputs are compared exactly,
-        not by a float ratio that turns any index change into a huge error)."""
+        not by a float ratio that turns any index change into a huge error). Equal plain CPU
+        tensors get [0.0], on the host already (torch_equality.py)."""
+        if host_equal(a, b):
+            return [0.0]
         b = b.to(device=a.device)
         if a.shape != b.shape:
             return torch.tensor([float(max(a.numel(), 1))], device=a.device)

@@ -296,12 +296,22 @@ def local_call(args: tuple, kwargs: dict) -> LocalCall | str | None:
     imported costs one dict lookup). Never raises: an input that cannot be inspected is judged
     unsafe."""
     kinds = dtensor_class(), async_class()
-    if kinds == (None, None):
+    if kinds == (None, None) or _plain_inputs(args) and _plain_inputs(kwargs.values()):
         return None
     try:
         return _decide(kinds, args, kwargs)
     except Exception as exc:
         return RERUN_FAILED.format(what=f"inspecting the DTensor inputs: {type(exc).__name__}")
+
+
+def _plain_inputs(values: Any) -> bool:
+    """No input is a container or a tensor subclass (the usual call, decided without walking
+    the tree): it has no DTensor."""
+    for x in values:
+        kind = type(x)
+        if kind is not torch.Tensor and kind is not torch.nn.Parameter and isinstance(x, (torch.Tensor, list, tuple, dict)):
+            return False
+    return True
 
 
 def _decide(kinds: tuple[type | None, type | None], args: tuple, kwargs: dict) -> LocalCall | str | None:

@@ -147,8 +147,11 @@ def note_cast(args: tuple, kwargs: dict, out: Any, wide_of: Callable[[torch.devi
 
 def fp8_inputs(args: tuple, kwargs: dict, wide_of: Callable[[torch.device], torch.dtype]) -> list[Fp8Input]:
     """The call's FP8 inputs: torchao FP8 tensors and plain FP8 tensors, positional then keyword."""
-    found = []
-    for where, x in [(f"args[{i}]", a) for i, a in enumerate(args)] + [(k, v) for k, v in kwargs.items()]:
+    found: list[Fp8Input] = []
+    for i, x in enumerate((*args, *kwargs.values())):
+        if type(x) is torch.Tensor and x.dtype not in FP8_TORCH_DTYPES or not isinstance(x, torch.Tensor):
+            continue  # the usual input, on every checked call: no FP8 data
+        where = f"args[{i}]" if i < len(args) else list(kwargs)[i - len(args)]
         parts = training_parts(x)
         data = parts[0] if parts is not None else x if fp8_name(x) else None
         if data is None:

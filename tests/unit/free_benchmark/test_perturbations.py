@@ -535,3 +535,30 @@ def test_to_cpu_detaches_inputs_that_require_grad():
     assert isinstance(out, PerturbedCall)
     assert not out.args[0].requires_grad
     assert torch.equal(out.args[0], x.detach())
+
+
+# ---------------------------------------------------------------------------------------------
+# the band tests on the bits (integer clips instead of float comparisons and a where)
+
+
+def _around(values: list[float], dtype: torch.dtype) -> torch.Tensor:
+    """Each value in `dtype`, its neighbours on both sides and their negatives."""
+    x = torch.tensor(values, dtype=torch.float64).to(dtype)
+    up, down = torch.nextafter(x, torch.full_like(x, math.inf)), torch.nextafter(x, torch.full_like(x, -math.inf))
+    both = torch.cat([x, up, down])
+    return torch.cat([both, -both, torch.tensor([0.0, math.inf, -math.inf, math.nan], dtype=dtype)])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_band_tests_pick_what_the_float_comparisons_pick(dtype):
+    """add_noise moves |x| > gate (below the largest finite value) one ulp out, bit_noise flips the
+    lowest bit of |x| > smallest normal (finite): the same elements the float comparisons choose,
+    at and around every limit, including the gate as float32 rounds it for the half types."""
+    finfo = torch.finfo(dtype)
+    gate = NOISE[dtype] ** 0.5
+    x = _around([gate, float(torch.tensor(gate, dtype=torch.float32)), finfo.tiny, finfo.max, 1.0, 1e-30], dtype)
+    compared = x.abs().float() if dtype in (torch.float16, torch.bfloat16) else x.abs()
+    moves = (compared > gate) & (x.abs() < finfo.max)
+    assert torch.equal(bits(perturb_one("add_noise", x)) != bits(x), moves)
+    flips = (x.abs() > finfo.tiny) & torch.isfinite(x)
+    assert torch.equal(bits(perturb_one("bit_noise", x)) != bits(x), flips)

@@ -238,6 +238,7 @@ class TorchApiPatcher(ApiPatcher):
         self._hooks: tuple[Any, ...] = ()
         self._originals: dict[int, Any] | None = None  # wrapper id -> torch's function (TorchScript's view)
         self._builtins: dict[int, Any] | None = None  # wrapper id -> the aten op TorchScript maps it to
+        self._wrapped_originals: dict[Any, Any] | None = None  # wrapper -> torch's function (Dynamo's rules)
 
     def install(self, handler: Any) -> None:
         super().install(handler)
@@ -305,10 +306,12 @@ class TorchApiPatcher(ApiPatcher):
             hook.remove()
         self._hooks = ()
         rules = _dynamo_rules()
-        if rules is not None:  # built while the wrappers were installed: keyed by them, not by torch's objects
-            for meta in self.metas:
-                if meta.wrapper is not None and meta.wrapper in rules:
-                    rules.setdefault(meta.original, rules.pop(meta.wrapper))
+        if rules:  # built while the wrappers were installed: keyed by them, not by torch's objects
+            originals = self._wrapped_originals
+            if originals is None:
+                originals = self._wrapped_originals = {m.wrapper: m.original for m in self.metas if m.wrapper is not None}
+            for wrapper in originals.keys() & rules.keys():
+                rules.setdefault(originals[wrapper], rules.pop(wrapper))
         if self._window is not None:
             self._window.optimizer_step(None)
         torch_dtensor.release()  # the watch inside DTensor's dispatcher, if a DTensor call installed it

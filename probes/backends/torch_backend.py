@@ -12,7 +12,6 @@ from probes.backends.base import BackendDefaults, bit_view_table
 from probes.backends.torch_equality import host_equal
 from probes.core import metrics
 from probes.core.precision_raise import raised_dtype
-from probes.core.trees import iter_leaves
 
 try:  # array-api-compat gives the torch namespace the core's formulas are written against
     import array_api_compat.torch as _xp_torch
@@ -128,7 +127,9 @@ class TorchBackend(BackendDefaults):
     def copies_too_large(self, *trees: Any) -> str | None:
         """A re-run holds about twice the call's tensors again (a raised dtype, the perturbed
         output, the figures' temporaries)."""
-        tensors = [leaf for tree in trees for _p, leaf in iter_leaves(tree) if isinstance(leaf, torch.Tensor)]
+        tensors: list[torch.Tensor] = []
+        for tree in trees:
+            _tensors_in(tree, tensors)
         need = 2 * torch_memory.tensor_bytes(tensors)
         if need < torch_memory.SMALL_BYTES or not tensors:
             return None
@@ -175,6 +176,9 @@ class TorchBackend(BackendDefaults):
     # module (torch.sum replaced by a test's seeded defect) leave alone; torch's max/min return
     # NaN when an element is NaN, so the fast pass can be trusted to notice one
     nan_propagating = True
+    # the perturbations may edit the arrays they made themselves in place (clamp_, sub_, add_,
+    # bitwise_xor_): fewer fresh buffers per perturbed input
+    edits_in_place = True
 
     def scaled_namespace(self, t: Any) -> Any:
         return torch_xp
@@ -261,7 +265,7 @@ class TorchBackend(BackendDefaults):
     def rng_snapshot(self, args: Any) -> Any:
         """Generator states before the original call, so the re-run draws the same numbers and
         the user's random stream continues exactly as without the probe."""
-        cuda = torch.cuda.get_rng_state() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+        cuda = torch.cuda.get_rng_state() if torch.cuda.is_initialized() else None  # False without CUDA
         return torch.get_rng_state(), cuda
 
     def rng_restore(self, snapshot: Any) -> None:
@@ -294,6 +298,19 @@ class TorchBackend(BackendDefaults):
 
 BACKEND = TorchBackend()
 TorchBackend.autodiff = torch_autodiff  # the backward stage's hooks and VJPs (probes.backends.base.Autodiff)
+
+
+def _tensors_in(tree: Any, found: list[torch.Tensor]) -> None:
+    """The tensors of an argument or output tree, appended to `found` (no paths: only sizes are
+    wanted, on every checked call)."""
+    if isinstance(tree, torch.Tensor):
+        found.append(tree)
+    elif isinstance(tree, (list, tuple)):
+        for x in tree:
+            _tensors_in(x, found)
+    elif isinstance(tree, dict):
+        for x in tree.values():
+            _tensors_in(x, found)
 
 
 def _env_int(name: str, default: int) -> int:

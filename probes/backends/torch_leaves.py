@@ -75,8 +75,10 @@ def _mode_name(mode: Any) -> str:
 
 def state_reason() -> str | None:
     """Why no call may be re-run now (a tracer or a user's dispatch mode is active), or None."""
-    if torch.jit.is_tracing():
+    if torch._C._is_tracing():  # torch.jit.is_tracing() in eager code
         return TRACING.format(what="torch.jit.trace")
+    if not torch._C._len_torch_dispatch_stack():  # the usual call: no mode at all (the count includes
+        return None  # the proxy and fake modes of make_fx and export)
     proxy = torch._C._get_dispatch_mode(_MODE_KEYS.PROXY)
     if proxy is not None:
         return TRACING.format(what=f"make_fx / export, {_mode_name(proxy)}")

@@ -222,7 +222,8 @@ class AddNoise(Perturbation):
         # NaN stay as they are
         above, below = _magnitude_code(name, _compared_gate(name, gate)), _magnitude_code(name, _finfo_max(name))
         bits = b.bit_view(t)
-        return back(b.from_bit_view(bits + _in_band(xp, bits, name, above, below), t))
+        band = _in_band(b, xp, bits, name, above, below)
+        return back(b.from_bit_view(band.add_(bits) if getattr(b, "edits_in_place", False) else bits + band, t))
 
 
 class BitNoise(Perturbation):
@@ -247,9 +248,10 @@ class BitNoise(Perturbation):
             return back(b.from_bit_view(xp.where((magnitude >= normal) & (magnitude <= top), flipped, bits), t))
         # the finite elements above the smallest normal one (NaN lies above infinity)
         bits = b.bit_view(t)
-        flip = _in_band(xp, bits, name, _magnitude_code(name, th.SMALLEST_NORMAL[name]),
+        flip = _in_band(b, xp, bits, name, _magnitude_code(name, th.SMALLEST_NORMAL[name]),
                         _magnitude_code(name, math.inf))
-        return back(b.from_bit_view(xp.bitwise_xor(bits, flip), t))
+        flipped = flip.bitwise_xor_(bits) if getattr(b, "edits_in_place", False) else xp.bitwise_xor(bits, flip)
+        return back(b.from_bit_view(flipped, t))
 
 
 class ChangeValue(Perturbation):
@@ -293,6 +295,17 @@ class NoChange(Perturbation):
 
     def perturb(self, t: Any) -> Any:
         return t
+
+    def build(self, args: tuple, kwargs: dict) -> PerturbedCall | Cancelled:
+        """The call's own inputs (no copy: nothing is edited), once it has a non-empty floating
+        tensor to re-run on."""
+        reason = "no floating-point tensor among the inputs"
+        for _where, _path, leaf in _float_leaves(self.backend, args, kwargs):
+            why = self.accepts(leaf)
+            if why is None:
+                return PerturbedCall(args, _no_inplace(kwargs), moved=(leaf, leaf))
+            reason = why
+        return Cancelled(reason)
 
 
 class ToCpu(Perturbation):
@@ -341,10 +354,15 @@ def _finfo_max(name: str) -> float:
 _WIDTH = {"float64": 64, "float32": 32, "float16": 16, "bfloat16": 16}
 
 
-def _in_band(xp: Any, bits: Any, name: str, above: int, below: int) -> Any:
-    """1 where `above` < the element's magnitude code < `below`, else 0 (in `bits`' dtype)."""
+def _in_band(b: Any, xp: Any, bits: Any, name: str, above: int, below: int) -> Any:
+    """1 where `above` < the element's magnitude code < `below`, else 0 (in `bits`' dtype): two
+    fresh arrays, the rest in place on them where the backend edits its arrays in place (a fresh
+    output buffer costs a CPU about as much as the arithmetic)."""
     magnitude = bits & ((1 << (_WIDTH[name] - 1)) - 1)
-    return xp.clip(magnitude - above, 0, 1) - xp.clip(magnitude - (below - 1), 0, 1)
+    if not getattr(b, "edits_in_place", False):
+        return xp.clip(magnitude - above, 0, 1) - xp.clip(magnitude - (below - 1), 0, 1)
+    step = (magnitude - above).clamp_(0, 1)
+    return step.sub_(magnitude.sub_(below - 1).clamp_(0, 1))
 
 
 @functools.cache

@@ -164,3 +164,70 @@ def test_an_output_changed_in_place_before_a_second_look_is_skipped_with_the_rea
     assert deferred["apis"]["Functional.linear"]["flagged"] == 0
     reasons = [r for r, apis in deferred["not_checked"].items() if "Functional.linear" in apis]
     assert reasons and "modified in place" in reasons[0]
+
+
+def test_equal_cpu_outputs_are_judged_at_the_call_and_free_their_tensors(tmp_path):
+    """no_change on the CPU: equality is known on the host at once, so nothing waits for the step
+    (the re-run's output is freed right away) and the rows are those of a queue of one."""
+    torch.manual_seed(0)
+    model = Mlp()
+    x = torch.randn(16, 32)
+    dbg = PrecisionDebugger(config={"task": "free_benchmark", "dump_path": str(tmp_path),
+                                    "free_benchmark": {"pert_mode": "no_change"}})
+    pending = []
+    with dbg:
+        h = model.a(x)
+        pending.append(len(dbg.probe.verdicts))
+        F.gelu(h)
+        pending.append(len(dbg.probe.verdicts))
+        checked = sum(s.checked for s in dbg.probe.ledger.stats.values())
+    assert pending == [0, 0] and checked == 2
+    assert dbg.summary()["apis"]["Functional.gelu"]["checked"] == 1
+
+
+def _fake_comparison(log, name, requests):
+    """A comparison asking for `requests` in turn (host lists or device arrays) and logging
+    what it was sent."""
+    for request in requests:
+        got = yield request
+        log.append((name, got))
+    return [name]
+
+
+class _Host:
+    """host_floats of a fake device: an array is a tuple of floats standing for a device array."""
+
+    def __init__(self):
+        self.transfers = 0
+
+    def host_floats(self, arrays):
+        self.transfers += 1
+        return [list(a) for a in arrays]
+
+
+def test_host_figures_wait_behind_a_pending_comparison_so_rows_keep_call_order():
+    from probes.free_benchmark.deferred import VerdictQueue
+
+    log, done, backend = [], [], _Host()
+    queue = VerdictQueue(backend)
+    queue.add(_fake_comparison(log, "first", [[[0.0]]]), done.extend, pytest.fail)  # host: finished now
+    assert done == ["first"] and len(queue) == 0 and backend.transfers == 0
+    queue.add(_fake_comparison(log, "device", [[(1.0, 2.0)]]), done.extend, pytest.fail)
+    queue.add(_fake_comparison(log, "host", [[[0.0]]]), done.extend, pytest.fail)
+    assert len(queue) == 2 and done == ["first"]  # behind the device one: the rows stay in call order
+    queue.settle()
+    assert done == ["first", "device", "host"]
+    assert log == [("first", [[0.0]]), ("device", [[1.0, 2.0]]), ("host", [[0.0]])]
+    assert backend.transfers == 1
+
+
+def test_a_host_figured_comparison_that_fails_is_that_calls_error():
+    from probes.free_benchmark.deferred import VerdictQueue
+
+    def broken():
+        yield [[0.0]]
+        raise ValueError("figures make no sense")
+
+    failed, queue = [], VerdictQueue(_Host())
+    queue.add(broken(), pytest.fail, failed.append)
+    assert [str(e) for e in failed] == ["figures make no sense"] and len(queue) == 0

@@ -75,3 +75,44 @@ def test_summary_json_is_not_rewritten_by_steps_that_change_nothing(tmp_path, mo
     assert len(writes) == first + 1 and writes[-1]["steps_seen"] == 7
     dbg._tool.close()  # at exit: steps_seen brought up to date
     assert writes[-1]["steps_seen"] == 7
+
+
+def test_probes_started_in_turn_each_see_their_own_selection(tmp_path):
+    """Install sets the catalog's shared pass-through flags only when another probe set them
+    last: two probes with different selections, started in turn, each run with their own."""
+    x = torch.randn(4, 8)
+    listed = PrecisionDebugger(config=_cfg(tmp_path / "listed", list=["Tensor.softmax"], pert_mode="no_change"))
+    every = PrecisionDebugger(config=_cfg(tmp_path / "every", pert_mode="no_change"))
+    layer_norm = next(m for m in listed._tool.patcher.metas if m.key == "Functional.layer_norm")
+    before = _namespaces()
+    for _ in range(2):
+        for dbg in (listed, every, every, listed):
+            with dbg:
+                # a Python-level API the listed probe never checks: guarded, passed straight through
+                assert layer_norm.passthrough is (dbg is listed)
+                F.layer_norm(x, (8,))
+                x.softmax(dim=-1)
+            assert _namespaces() == before
+    assert listed.summary()["apis"]["Tensor.softmax"]["checked"] == 4
+    assert "Functional.layer_norm" not in listed.summary()["apis"]
+    assert every.summary()["apis"]["Functional.layer_norm"]["checked"] == 4
+    assert every.summary()["apis"]["Tensor.softmax"]["checked"] == 4
+
+
+def test_an_install_that_fails_half_way_puts_back_what_it_set(tmp_path, monkeypatch):
+    dbg = PrecisionDebugger(config=_cfg(tmp_path, pert_mode="no_change"))
+    patcher = dbg._tool.patcher
+    before = _namespaces()
+    dbg.start()
+    dbg.stop()
+    assert _namespaces() == before
+    sets = list(patcher._sets)
+
+    class Frozen:  # an owner that refuses the wrapper, half-way through the list
+        def __setattr__(self, name, value):
+            raise AttributeError(f"{name} is read-only")
+
+    monkeypatch.setattr(patcher, "_sets", tuple(sets[:500] + [(Frozen(), "x", None)] + sets[500:]))
+    with pytest.raises(AttributeError, match="read-only"):
+        patcher.install(lambda *a: None)
+    assert _namespaces() == before

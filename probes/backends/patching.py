@@ -45,8 +45,8 @@ class ApiMeta:
     reference: Callable[..., Any] | None = field(default=None, repr=False)
     review: Callable[..., Any] | None = field(default=None, repr=False)
 
-    @property
-    def key(self) -> str:
+    @functools.cached_property
+    def key(self) -> str:  # read on every hooked call: made once
         return f"{self.prefix}.{self.qualname}"
 
 

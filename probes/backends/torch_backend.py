@@ -25,6 +25,7 @@ _DTYPE_NAMES = {
     torch.float64: "float64",
 }
 # the dtypes improve_precision raises to float32 (probes.core.precision_raise.LOW_PRECISION)
+_VF: Any = torch._C._VariableFunctions
 _LOW_PRECISION = {torch.float16, torch.bfloat16}
 _WIDER_COMPLEX = {("half", torch.complex32): torch.complex64, ("float32", torch.complex64): torch.complex128}
 # Devices whose kernels largely lack float64 (Ascend NPUs, Apple MPS): improve_precision's float64
@@ -196,10 +197,12 @@ class TorchBackend(BackendDefaults):
         for ca, cb in metrics.iter_chunks(self.namespace(b), a, b):
             ca = ca.to(device=b.device, dtype=dtype)
             cb = cb.to(dtype=dtype)
-            r = ca.abs().clamp_min_(tol)
-            r.div_(cb.abs().clamp_min_(tol))
-            lo, hi = r.aminmax()  # methods, not torch.*: user code may have patched the module
-            parts.append(torch.stack([hi, lo, ca.mul(cb).amin()]))
+            # torch's C functions and methods, not torch.*: user code may have patched the module;
+            # the two sides' abs and clamp in one call each
+            r, s = _VF._foreach_abs([ca, cb])
+            _VF._foreach_clamp_min_([r, s], tol)
+            lo, hi = r.div_(s).aminmax()
+            parts.append(_VF.stack([hi, lo, _VF.mul(ca, cb, out=s).amin()]))
         return metrics.combine_ratio_parts(self.namespace(b), parts)
 
     def to_compute(self, t: Any, like: Any) -> Any:

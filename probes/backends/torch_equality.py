@@ -24,16 +24,18 @@ _NUMPY_DTYPES = frozenset({torch.float16, torch.float32, torch.float64, torch.bo
 def host_equal(a: Any, b: Any) -> bool | None:
     """True/False when `a` and `b` are plain strided CPU tensors of one dtype and shape (every
     element equal by value), None when the caller must measure them on the device."""
-    if type(a) is not torch.Tensor and type(a) is not torch.nn.Parameter:
+    kind = type(a)
+    if kind is not torch.Tensor and kind is not torch.nn.Parameter:
         return None
-    if type(b) is not torch.Tensor and type(b) is not torch.nn.Parameter:
+    kind = type(b)
+    if kind is not torch.Tensor and kind is not torch.nn.Parameter:
         return None
-    if a.device.type != "cpu" or b.device.type != "cpu" or a.layout != torch.strided or b.layout != torch.strided:
+    if not (a.is_cpu and b.is_cpu) or a.layout is not _STRIDED or b.layout is not _STRIDED:
         return None
-    if a.dtype != b.dtype or a.shape != b.shape or a.is_conj() or b.is_conj() or a.is_neg() or b.is_neg():
+    if a.dtype is not b.dtype or a.shape != b.shape or a.is_conj() or b.is_conj() or a.is_neg() or b.is_neg():
         return None
-    if _wrapped(a) or _wrapped(b):  # a torch.func transform's level: its values are not these
-        return None
+    if _IS_WRAPPED is not None and (_IS_WRAPPED(a) or _IS_WRAPPED(b)):  # a torch.func transform's level:
+        return None  # its values are not these
     try:
         if a.numel() >= _NUMPY_FROM and a.dtype in _NUMPY_DTYPES:
             return bool((a.detach().numpy() == b.detach().numpy()).all())
@@ -42,6 +44,5 @@ def host_equal(a: Any, b: Any) -> bool | None:
         return None
 
 
-def _wrapped(t: torch.Tensor) -> bool:
-    is_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
-    return is_wrapped is not None and is_wrapped(t)
+_STRIDED = torch.strided
+_IS_WRAPPED = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)

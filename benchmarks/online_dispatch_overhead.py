@@ -156,7 +156,8 @@ def time_model(name: str, dump_mode: str, process_num: int, repeats: int, warmup
         p, q, f = statistics.median(t["plain"]), statistics.median(t["probed"]), statistics.median(t["f64"])
         rows.append({
             "model": name, "phase": phase, "dump_mode": dump_mode, "process_num": process_num, "reuse": reuse,
-            # "auto": the thread for ops of at least AUTO_THREAD_BYTES, where it can overlap
+            # "auto": the thread for ops of at least AUTO_THREAD_BYTES that took at least
+            # thread_choice.THREAD_MIN_SECONDS inline, where it can overlap
             "thread": "auto" if background == "auto" and use_reference_thread("auto") else
                       "no" if background == "auto" else process_num == 0 and bool(background),
             "plain_ms": p * 1e3, "probed_ms": q * 1e3, "time_ratio": q / p,

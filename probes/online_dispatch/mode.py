@@ -7,8 +7,8 @@ transfer -> rows, and for failing ops (auto), every op (all) or listed ops (list
 Everything after the device op is inside a try: a probe error becomes a row's Err_message or a
 summary entry, never an exception in the user's code, and the device result is returned untouched.
 
-With `background` (default "auto": ops of at least workers.AUTO_THREAD_BYTES, when the thread can
-overlap, see workers.use_reference_thread) the re-run and the figures run in one background thread on a private copy of the device result,
+With `background` (default "auto": ops of at least workers.AUTO_THREAD_BYTES that took long enough
+inline, when the thread can overlap, see thread_choice) the re-run and the figures run in one background thread on a private copy of the device result,
 while the user's program goes on; numbering happens in that thread in op order, rows, dumps and
 the failure record are made on the user's thread in op order, and everything is judged when the
 context exits, so the CSV is the same as inline. Otherwise they run inline, right after the op.
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import weakref
+from time import perf_counter
 from typing import Any
 
 import torch
@@ -29,15 +30,15 @@ from probes.compiled import capture
 from probes.compiled import runs as graph_runs
 from probes.core.file_names import dispatch_csv_name
 from probes.online_dispatch import leaf_pairs, reference, skip_list, verdict
-from probes.online_dispatch.call_stack import capture_stack, format_stack, user_stack
+from probes.online_dispatch.call_scan import other_modes_off, other_modes_on, scan
+from probes.online_dispatch.call_stack import capture_stack
 from probes.online_dispatch.graph_ops import GraphBackwardOp, GraphInfo, GraphOp, watch_backward
-from probes.online_dispatch.graph_reports import graph_entry, localise
+from probes.online_dispatch.graph_reports import graph_entry
 from probes.online_dispatch.jobs import (
     SKIPPED,
     Job,
     ReferenceFailed,
     Skipped,
-    dump_job,
     output_bytes,
     snapshot,
     written_devices,
@@ -45,8 +46,10 @@ from probes.online_dispatch.jobs import (
 )
 from probes.online_dispatch.op_info import OpInfo, dispatching_subclass, has_dtensor
 from probes.online_dispatch.options import DispatchOptions
-from probes.online_dispatch.results import FailedOp, RunResults, leaf_summary, special_row
+from probes.online_dispatch.outcomes import record_outcome
+from probes.online_dispatch.results import RunResults
 from probes.online_dispatch.run_dir import create_run_dir
+from probes.online_dispatch.thread_choice import InlineCosts, worth_a_thread
 from probes.online_dispatch.torchscript_aside import aside_for_torchscript, put_back
 from probes.online_dispatch.workers import (
     AUTO_THREAD_BYTES,
@@ -90,6 +93,7 @@ class OnlineDispatchMode(TorchDispatchMode):
         self._depth = 0
         self._graph_calls: dict[str, int] = {}  # calls of each compiled graph seen
         self._auto_thread: bool | None = None  # background="auto": whether the thread can overlap here
+        self._inline_costs = InlineCosts()  # background="auto": what op kinds took inline
 
     # context --------------------------------------------------------------------------------------
     def __enter__(self) -> OnlineDispatchMode:
@@ -129,27 +133,32 @@ class OnlineDispatchMode(TorchDispatchMode):
         self._pool = reference_thread(self._finish_job)
         self._pool_finalizer = weakref.finalize(self, self._pool.close)
 
-    def _hand_off(self, out: Any) -> bool:
-        """Whether this op goes to the reference thread. background=True: every op. "auto": an op
-        whose output is large enough to be worth the hand-off (the thread starts at the first such
-        op, where it can overlap), or any op while earlier ones are still in flight there (ops are
-        judged in order, and only one thread numbers them)."""
+    def _hand_off(self, func: Any, out: Any) -> tuple[bool, Any]:
+        """(whether this op goes to the reference thread, the kind to time it under when judged
+        inline). background=True: every op. "auto": an op large enough and measured slow enough
+        inline to be worth the hand-off (thread_choice; the thread starts at the first such op,
+        where the host can overlap), or any op while earlier ones are still in flight there (ops
+        are judged in order, and only one thread numbers them)."""
         background = self.options.background
         if self.options.process_num > 0 or background is False:
-            return False
+            return False, None
         if background is True:
-            return True
+            return True, None
         if self._pool is not None and not self._pool.idle():
-            return True
-        if output_bytes(out) < AUTO_THREAD_BYTES:
-            return False
+            return True, None
+        size = output_bytes(out)
+        if size < AUTO_THREAD_BYTES:
+            return False, None
+        if self._auto_thread is None:
+            self._auto_thread = use_reference_thread("auto")
+        if not self._auto_thread:
+            return False, None
+        kind = (func, size)
+        if not worth_a_thread(self._inline_costs.get(kind)):
+            return False, kind
         if self._pool is None:
-            if self._auto_thread is None:
-                self._auto_thread = use_reference_thread("auto")
-            if not self._auto_thread:
-                return False
             self._start_thread()
-        return True
+        return True, None
 
     def close(self) -> None:
         """Flush, and stop the reference thread or the worker processes."""
@@ -211,17 +220,17 @@ class OnlineDispatchMode(TorchDispatchMode):
             return NotImplemented
         device = None
         if reason is None:
-            device = reference.device_under_test(args, kwargs)
+            device, plain, nbytes = scan(args, kwargs)
             if device is None:
                 reason = skip_list.NO_TENSOR
-            elif not reference.plain_strided(args, kwargs):
+            elif not plain:
                 reason = skip_list.UNSUPPORTED_TENSOR
         if reason is not None:
             key = (reason, func)
             skipped = self.results.skipped
             skipped[key] = skipped.get(key, 0) + 1
             return func(*args, **kwargs)
-        return self._check(func, info, device, args, kwargs)
+        return self._check(func, info, device, args, kwargs, nbytes=nbytes)
 
     def graph_call(self, graph: Any, args: tuple, kwargs: dict) -> Any:
         """A compiled graph's call (capture.GraphChecker): its kernels run with no dispatch mode
@@ -268,9 +277,11 @@ class OnlineDispatchMode(TorchDispatchMode):
         self.results.skipped[key] = self.results.skipped.get(key, 0) + 1
 
     def _check(self, func: Any, info: OpInfo, device: torch.device, args: tuple, kwargs: dict,
-               float64: bool = False) -> Any:
+               float64: bool = False, nbytes: int | None = None) -> Any:
         results = self.results
-        too_large = torch_memory.too_large(2 * reference.input_bytes(args, kwargs), reference.CPU)
+        if nbytes is None:
+            nbytes = reference.input_bytes(args, kwargs)
+        too_large = torch_memory.too_large(2 * nbytes, reference.CPU)
         if too_large is not None:
             key = (skip_list.TOO_LARGE, func)
             results.skipped[key] = results.skipped.get(key, 0) + 1
@@ -279,7 +290,8 @@ class OnlineDispatchMode(TorchDispatchMode):
             # the probe's own operators (copies, the reference, figures) run with every other
             # mode off: a user's mode outside this one (FlopCounterMode, a logger) and a tracer
             # (make_fx) see the user's op only, as without the probe
-            with torch.no_grad(), _disable_current_modes():
+            modes = other_modes_on()
+            with torch.no_grad(), other_modes_off(modes):
                 # pristine copies of written arguments: their input rows and dumps show what the op received
                 ref = reference.build_reference(args, kwargs, float64 or device.type == "cpu", info.half_to_float,
                                                 info.written, keep_pristine=True)
@@ -288,7 +300,7 @@ class OnlineDispatchMode(TorchDispatchMode):
             results.add_error(str(func), "copying the inputs for the reference", exc)
             return out
         out = func(*args, **kwargs)  # the user's op, untouched
-        with _disable_current_modes():
+        with other_modes_off(modes):
             self._judge(func, info, device, ref, args, kwargs, out)
         return out
 
@@ -299,7 +311,7 @@ class OnlineDispatchMode(TorchDispatchMode):
         try:
             void = out is None or (isinstance(out, tuple) and not out)
             written = written_devices(info, args, kwargs) if void else None
-            threaded = self._hand_off(out)
+            threaded, kind = self._hand_off(func, out)
             pool = self._pool
             if threaded or (pool is not None and not self._threaded):  # judged later: the user's frames are those of now
                 job.stack = capture_stack()
@@ -309,13 +321,16 @@ class OnlineDispatchMode(TorchDispatchMode):
                 pool.submit(job, self._measure, job, snapshot(out), snapshot(written),
                             torch.is_inference_mode_enabled())
                 return
+            start = perf_counter() if kind is not None else 0.0
             outcome = self._prepare(job, out, written)
             if outcome is None and pool is not None and not self._threaded:
                 # the workers get private copies: the user's tensors may change before they are pickled
-                job.cmp.pairs = [(d.clone(), r) for d, r in job.cmp.pairs]
+                job.cmp.pairs = [(d.clone(), leaf_pairs.overflowed_as(r, d)) for d, r in job.cmp.pairs]
                 pool.submit(job, figures_in_worker, job.cmp.pairs, self._scaled, self.options.debug)
             else:
                 figs = outcome if outcome is not None else verdict.figures(job.cmp.pairs, self._scaled, self.options.debug)
+                if kind is not None:
+                    self._inline_costs.record(kind, perf_counter() - start)
                 self._finish_job(job, figs)
         except Exception as exc:  # recorded in the op's row and the summary, never raised
             self._finish_job(job, exc)
@@ -355,44 +370,4 @@ class OnlineDispatchMode(TorchDispatchMode):
 
     def _finish_job(self, job: Job, figures: Any) -> None:
         """Rows, failure record and dumps of one op (on the user's thread, in op order)."""
-        results = self.results
-        if figures is SKIPPED:
-            key = (skip_list.NO_CPU_KERNEL, job.func)
-            results.skipped[key] = results.skipped.get(key, 0) + 1
-            return
-        results.ops_compared += 1
-        results.compared_by_op[str(job.func)] += 1
-        results.devices[job.device.type] = results.devices.get(job.device.type, 0) + 1
-        name = f"{job.prefix}_output" if job.prefix is not None else f"{job.info.api}_output"
-        if isinstance(figures, ReferenceFailed):
-            exc = figures.exc
-            results.add_rows([special_row(name, "", "", "", "", "Nan",
-                                          f"reference run failed on cpu: {type(exc).__name__}: {exc}")])
-            return
-        if isinstance(figures, BaseException):
-            results.add_error(str(job.func), "comparing", figures)
-            results.add_rows([special_row(name, "", "", "", "", "Nan",
-                                          f"comparison failed: {type(figures).__name__}: {figures}")])
-            return
-        in_rows, out_rows = verdict.rows(job.cmp, figures, all_details=self.options.debug, rule=self.options.rule)
-        failing = [r for r in out_rows if r.failed]
-        if failing:
-            stack = format_stack(job.stack) if job.stack is not None else user_stack()
-            for r in failing:
-                r.stack = stack
-        results.add_rows(in_rows + out_rows)
-        mode = self.options.dump_mode
-        dumped = False
-        if mode == "all" or (mode == "list" and job.info.api in self._listed) or (mode == "auto" and failing):
-            try:
-                dump_job(results.run_dir, job)
-                dumped = True
-            except Exception as exc:
-                results.add_error(str(job.func), "dumping", exc)
-        if failing:
-            results.add_failure(FailedOp(job.prefix, str(job.func), [leaf_summary(r) for r in failing], dumped),
-                                job.prefix, job.info.overload)
-            if isinstance(job.func, GraphOp):
-                localise(results, job, failing[0].name)
-        if self.options.debug:
-            logger.info("online_dispatch: %s (%s) %s", job.prefix, job.func, "Failed" if failing else "Pass")
+        record_outcome(self.results, self.options, self._listed, job, figures)

@@ -38,9 +38,10 @@ def has_dtensor(types: Any) -> bool:
 class OpInfo:
     """What the mode needs about one overload, computed once."""
 
-    __slots__ = ("api", "overload", "half_to_float", "written", "skip", "on_host", "per_call", "chained")
+    __slots__ = ("api", "overload", "half_to_float", "written", "skip", "on_host", "per_call", "chained", "name")
 
     def __init__(self, func: Any) -> None:
+        self.name = str(func)  # the summary's and the error records' key, once (str() of an overload is not free)
         self.overload = func._overloadname
         self.skip = skip_list.skip_reason(func)
         self.per_call = skip_list.call_rule(func)  # attention: skipped only when the call drops out

@@ -24,7 +24,8 @@ from probes.core.thresholds import (
     dispatch_scaled_threshold,
     single_benchmark_threshold,
 )
-from probes.online_dispatch.leaf_pairs import OpComparison, OutputLeaf
+from probes.online_dispatch import figure_parts
+from probes.online_dispatch.leaf_pairs import OpComparison, OutputLeaf, may_overflow, overflowed_as
 from probes.online_dispatch.results import Row, input_row, output_row
 
 
@@ -52,16 +53,13 @@ def figures(pairs: list[tuple[torch.Tensor, torch.Tensor]], scaled: bool = True,
     xp = BACKEND.namespace(None)
     n = df.FIGURE_COUNT
     with torch.no_grad():
-        parts: list[torch.Tensor] = []
-        for d, r in pairs:
-            parts += df.leaf_figure_parts(xp, d.reshape(-1), r.reshape(-1))
-        flat = torch.stack(parts).tolist()
-        out, at = [], 0
-        for d, _r in pairs:
-            numel = d.numel()
-            count = df.part_count(numel)
-            out.append(df.figures_from_parts(flat[at : at + count], numel))
-            at += count
+        out = figure_parts.leaf_figures(pairs)
+        for i, (d, r) in enumerate(pairs):
+            if may_overflow(d, r, out[i][df.REF_SQ]):
+                mapped = overflowed_as(r, d)
+                if mapped is not r:  # the rows and dumps show the reference as measured
+                    pairs[i] = (d, mapped)
+                    out[i] = figure_parts.leaf_figures([(d, mapped)])[0]
         redo = [i for i, f in enumerate(out) if df.needs_masked_pass(f)]
         if redo:
             vals = torch.cat([df.masked_leaf_figures(xp, *pairs[i]) for i in redo]).tolist()

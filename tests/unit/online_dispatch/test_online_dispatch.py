@@ -29,12 +29,13 @@ XP = BACKEND.namespace(None)
 @pytest.fixture(autouse=True, params=["inline", "thread"])
 def comparison_site(request, monkeypatch):
     """Every test runs with the comparison inline and in the reference thread: background="auto"
-    picks one by the host's cores, and both must behave the same."""
+    picks one by the host's cores and the ops' measured cost, and both must behave the same."""
     from probes.online_dispatch import mode
 
     threaded = request.param == "thread"
     monkeypatch.setattr(mode, "use_reference_thread",
                         lambda background: threaded if background == "auto" else bool(background))
+    monkeypatch.setattr(mode, "worth_a_thread", lambda seconds: threaded)
     return request.param
 
 

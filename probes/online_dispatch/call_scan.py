@@ -1,0 +1,61 @@
+"""The dispatch mode's per-call look at an op's arguments, in one walk instead of three.
+
+Every compared op needs the device under test, whether all its tensors are ordinary dense ones,
+and how many bytes the reference will copy; on a model of small tensors each walk over the
+arguments in Python costs a noticeable share of the op, so `scan` answers the three at once (the
+same answers as reference.device_under_test, reference.plain_strided and reference.input_bytes).
+`other_modes_off` is _disable_current_modes without its cost when no other mode is active, as in
+the usual run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+from torch._ops import _len_torch_dispatch_stack_pre_dispatch
+from torch.utils._python_dispatch import _disable_current_modes
+
+_CPU = torch.device("cpu")
+_STRIDED = torch.strided
+_NO_MODES = contextlib.nullcontext()
+
+
+def scan(args: tuple, kwargs: dict) -> tuple[torch.device | None, bool, int]:
+    """(device under test: the first non-CPU tensor's device in reference.device_under_test's
+    order, else CPU, None without tensors; every tensor plain strided; bytes of the tensors)."""
+    found: torch.device | None = None
+    plain = True
+    nbytes = 0
+    stack: list[Any] = [args, kwargs]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, torch.Tensor):
+            dev = x.device
+            if dev.type != "cpu":
+                if found is None or found.type == "cpu":
+                    found = dev
+            elif found is None:
+                found = _CPU
+            if x.layout is not _STRIDED or dev.type == "meta" or x.is_quantized or x.is_nested:
+                plain = False
+            else:
+                nbytes += x.numel() * x.element_size()
+        elif isinstance(x, (list, tuple)):
+            stack.extend(x)
+        elif isinstance(x, dict):
+            stack.extend(x.values())
+    return found, plain, nbytes
+
+
+def other_modes_off(on: bool | None = None) -> contextlib.AbstractContextManager:
+    """A context with every other dispatch mode off (torch's _disable_current_modes), or nothing
+    to do when none is on; `on`: other_modes_on(), when the caller has asked already."""
+    if on is None:
+        on = other_modes_on()
+    return _disable_current_modes() if on else _NO_MODES
+
+
+def other_modes_on() -> bool:
+    return torch._C._len_torch_dispatch_stack() != 0 or _len_torch_dispatch_stack_pre_dispatch() != 0

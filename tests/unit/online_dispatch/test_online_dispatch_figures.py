@@ -1,0 +1,155 @@
+"""The per-op figures on their fast path (figure_parts, the overflow screen) against the core's
+formulas applied op by op, and the choice of the reference thread by measured cost."""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import array_api_compat.torch as xp
+import pytest
+import seeded_dispatch  # noqa: F401  (registers the seeded_dispatch:: custom ops)
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from dispatch_files import read_rows, summary
+
+from probes.core import dispatch_figures as df
+from probes.online_dispatch import figure_parts, leaf_pairs, mode, thread_choice, verdict
+from probes.pytorch.online_dispatch import PtdbgDispatch
+
+
+def _core_figures(pairs):
+    """The core's figures of each pair, leaf by leaf (dispatch_figures' own formulas)."""
+    out = []
+    for d, r in pairs:
+        d, r = d.reshape(-1), r.reshape(-1)
+        parts = torch.stack(df.leaf_figure_parts(xp, d, r)).tolist()
+        out.append(df.figures_from_parts(parts, d.numel()))
+    return out
+
+
+def _same(a: list[float], b: list[float]) -> bool:
+    return all(x == y or (math.isnan(x) and math.isnan(y)) for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize("numel", [1, 300, 8191, 8192, 40_000, df.CHUNK_ELEMENTS + 5])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.int64, torch.bool])
+def test_fast_figures_equal_the_core_formulas_and_leave_the_device_tensor_alone(numel, dtype):
+    g = torch.Generator().manual_seed(numel)
+    if dtype == torch.bool:
+        dev = torch.rand(numel, generator=g) < 0.5
+        ref = dev.clone()
+    elif dtype == torch.int64:
+        dev = torch.randint(-5, 5, (numel,), generator=g)
+        ref = dev.clone()
+        ref[0] += 1
+    else:
+        dev = torch.randn(numel, generator=g).to(dtype)
+        ref = dev.double() * (1 + 1e-6 * torch.randn(numel, generator=g, dtype=torch.float64))
+    before = dev.clone()
+    fast = figure_parts.leaf_figures([(dev, ref)])
+    assert torch.equal(dev, before)
+    assert _same(fast[0], _core_figures([(dev, ref)])[0])
+
+
+def test_nonfinite_values_take_the_masked_pass_as_before():
+    dev = torch.tensor([1.0, float("inf"), float("nan"), 2.0])
+    ref = torch.tensor([1.0, float("inf"), 3.0, 2.0], dtype=torch.float64)
+    (figs,) = verdict.figures([(dev, ref)])
+    assert figs[df.NONFINITE_MISMATCH] == 1.0 and figs[df.FINITE_COUNT] == 2.0 and figs[df.MAX_ABS] == 0.0
+
+
+def test_overflow_screen_maps_only_what_the_exact_test_maps():
+    # float16 rounds 70000 to inf, correctly; the float64 reference holds 70000
+    dev = torch.tensor([70000.0, 1.0], dtype=torch.float16)
+    ref = torch.tensor([70000.0, 1.0], dtype=torch.float64)
+    pairs = [(dev, ref)]
+    (figs,) = verdict.figures(pairs)
+    assert pairs[0][1][0].item() == math.inf  # the reference as measured, for the rows and dumps
+    assert figs[df.NONFINITE_MISMATCH] == 0.0
+    small = torch.randn(1000, dtype=torch.float64) * 100
+    assert not leaf_pairs.may_overflow(small.to(torch.float16), small, float(small @ small))
+    assert leaf_pairs.may_overflow(dev, ref, float(ref @ ref))
+    assert leaf_pairs.may_overflow(dev, ref, math.nan)
+    assert not leaf_pairs.may_overflow(ref, ref, math.inf)  # same dtype: nothing to map
+
+
+class _Block(nn.Module):
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.ln, self.fc1, self.fc2 = nn.LayerNorm(d), nn.Linear(d, 4 * d), nn.Linear(4 * d, 7)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.ln(x)
+        h = h + torch.softmax(h @ h.transpose(-1, -2), dim=-1) @ h
+        return self.fc2(F.gelu(self.fc1(h)))
+
+
+def _run(path, dtype=torch.float32):
+    torch.manual_seed(0)
+    model = _Block().to(dtype)
+    x = torch.randn(2, 16, 32, dtype=dtype) * 3
+    y = torch.randint(0, 7, (32,))
+    with PtdbgDispatch(dump_path=str(path), background=False) as d:
+        out = model(x)
+        y_hat = torch.ops.seeded_dispatch.scaled_tanh(out.float())  # the seeded defect
+        loss = F.cross_entropy(y_hat.reshape(-1, 7), y)
+    with d:
+        loss.backward()
+    (csv_path,) = d.run_dir.glob("compare_result_rank*.csv")
+    return d.run_dir, csv_path.read_bytes()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_small_model_rows_equal_the_op_by_op_figures_and_the_defect_is_caught(tmp_path, monkeypatch, dtype):
+    """The fast path's CSV against one where every leaf is measured by the core's formulas and
+    every reference is mapped by the exact overflow test, as before the fast path: byte for byte."""
+    csvs = {}
+    for way in ("fast", "op_by_op"):  # one call site: the failing row's stack is the same
+        if way == "op_by_op":
+            monkeypatch.setattr(verdict.figure_parts, "leaf_figures", _core_figures)
+            monkeypatch.setattr(verdict, "may_overflow", lambda dev, ref, ref_sq: True)
+        csvs[way] = _run(tmp_path / way, dtype)
+    (run, fast), (_, op_by_op) = csvs["fast"], csvs["op_by_op"]
+    assert fast == op_by_op
+    s = summary(run)
+    assert [f["name"] for f in s["failed_ops"]] == ["scaled_tanh_1"] and s["probe_errors"] == {}
+    rows = read_rows(run)
+    assert len(rows) > 40
+    bad = [r["NPU Name"] for r in rows if r["Accuracy Reached or Not"] not in ("Yes", "")]
+    assert bad == ["scaled_tanh_1_output"]
+
+
+def _threads() -> int:
+    return sum(t.name.startswith("msprobe-online-dispatch") for t in threading.enumerate())
+
+
+def test_auto_keeps_cheap_ops_inline_and_hands_costly_kinds_to_the_thread(tmp_path, monkeypatch):
+    monkeypatch.setattr(mode, "use_reference_thread", lambda background: True)  # a host that can overlap
+    x = torch.randn(256, 256)  # 256 KiB outputs: above workers.AUTO_THREAD_BYTES
+    d = PtdbgDispatch(dump_path=str(tmp_path / "cheap"))
+    with d:
+        for _ in range(8):
+            torch.add(x, x)  # well under THREAD_MIN_SECONDS to judge inline
+        assert d._pool is None and _threads() == 0
+    monkeypatch.setattr(thread_choice, "THREAD_MIN_SECONDS", 0.0)
+    d = PtdbgDispatch(dump_path=str(tmp_path / "costly"))
+    with d:
+        for i in range(thread_choice.MEASUREMENTS + 1):
+            torch.mm(x, x)
+            assert (d._pool is not None) == (i == thread_choice.MEASUREMENTS)  # timed inline first
+    rows = [r["NPU Name"] for r in read_rows(d.run_dir) if "_output" in r["NPU Name"]]
+    assert rows == [f"mm_{i}_output" for i in range(1, thread_choice.MEASUREMENTS + 2)]
+
+
+def test_inline_costs_keep_the_least_and_forget_past_the_limit(monkeypatch):
+    costs = thread_choice.InlineCosts()
+    for seconds in (0.5, 0.01, 0.2):
+        assert costs.get("mm") is None
+        costs.record("mm", seconds)
+    assert costs.get("mm") == 0.01
+    monkeypatch.setattr(thread_choice, "_MAX_KINDS", 1)
+    costs.record("add", 1.0)
+    assert costs.get("mm") is None
+    assert not thread_choice.worth_a_thread(None)

@@ -106,8 +106,11 @@ def overflowed_as(ref: torch.Tensor, dev: torch.Tensor) -> torch.Tensor:
     reference holds 1e60; without this the two would be reported as an inf/nan mismatch. A value
     rounds beyond the range from half an ulp above the largest value on (65520 in float16, not
     65505). What the dtype holds there is its infinity, or, for an FP8 format without one, what
-    PyTorch's CPU cast gives (e4m3fn saturates at 448, the fnuz formats give NaN): a convention of
-    the framework, which the device's cast is held to."""
+    PyTorch's CPU cast gives (e4m3fn saturates at 448, the fnuz formats give NaN), or NaN: the
+    FP8 formats' two conversion modes (saturating, and non-saturating, where a value beyond the
+    range is NaN) are both correct, and CPU kernels differ in which they use (PyTorch's CPU
+    `_scaled_mm` gives NaN for some samples on a CPU with AVX-512 FP16 and AMX, and saturates on an
+    AVX2 one); the device's cast is held to one of them, element by element."""
     if not (dev.is_floating_point() and ref.is_floating_point()) or dev.dtype == ref.dtype:
         return ref
     beyond = ref.abs() >= _boundary(dev.dtype)
@@ -115,7 +118,10 @@ def overflowed_as(ref: torch.Tensor, dev: torch.Tensor) -> torch.Tensor:
         return ref
     if BACKEND.dtype_name(dev) in HAS_INFINITY:
         return torch.where(beyond, ref.sign() * float("inf"), ref)
-    return torch.where(beyond, ref.to(dev.dtype).to(ref.dtype), ref)
+    held = ref.to(dev.dtype).to(ref.dtype)  # the saturating cast (the fnuz formats: NaN)
+    if dev.shape == ref.shape:
+        held = torch.where(dev.to(ref.dtype).isnan(), float("nan"), held)  # or the non-saturating one
+    return torch.where(beyond, held, ref)
 
 
 _BOUNDARIES: dict[torch.dtype, float] = {}

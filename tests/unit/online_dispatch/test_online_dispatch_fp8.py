@@ -254,3 +254,20 @@ def scaled_spacing_below(values):
     from probes.core.ulps import spacing
 
     return spacing(np.nextafter(values, 0.0), "float8_e4m3fn")
+
+
+def test_a_result_beyond_e4m3fn_range_may_be_saturated_or_nan_but_nothing_else():
+    """The FP8 formats' two conversion modes are both held correct where the exact result
+    overflows (CPU kernels differ: PyTorch's saturates, oneDNN's gives NaN); in range, or any
+    other value beyond it, stays what it is and is compared as such."""
+    from probes.online_dispatch.leaf_pairs import overflowed_as
+
+    ref = torch.tensor([1e6, -1e6, 1e6, 100.0, 3.0], dtype=torch.float64)
+    dev = torch.tensor([448.0, float("nan"), 96.0, float("nan"), 3.0]).to(E4M3)
+    held = overflowed_as(ref, dev)
+    assert held[0] == 448.0 and held[1].isnan()  # saturated, and non-saturating: both as the device
+    assert held[2] == 448.0  # a wrong value beyond the range is compared with the saturated one
+    assert held[3] == 100.0  # a NaN where the result is in range is not excused
+    assert held[4] == 3.0
+    inf = overflowed_as(ref, torch.zeros(5).to(E5M2))
+    assert inf[0] == float("inf") and inf[1] == -float("inf")  # a format with infinity: that

@@ -112,6 +112,7 @@ def time_config(spec: ModelSpec, level: str, repeats: int) -> dict[str, Any]:
         def probed() -> None:
             for _ in range(spec.steps):
                 probed_step(dbg, probed_bench)
+            dbg.probe.flush()  # the loop's files on disk: what the writer thread wrote counts here
 
         try:
             for _ in range(spec.warmup):

@@ -107,6 +107,8 @@ class Runner:
             self.opt.step()
         else:  # plain, or grad_probe (its hooks are on the optimizer)
             self._train()
+            if self.tool == "grad_probe":  # the step's files on disk: a write its thread does counts here
+                self.dbg.probe.flush()
 
     def close(self) -> None:
         if self.dbg is not None:

@@ -11,6 +11,7 @@ import json
 import math
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -154,17 +155,34 @@ class BackgroundWriter:
     thread, so no thread of the probes outlives its run; a later task starts a new one. A task's
     exception is kept and handed back by `flush`/`submit`/`close` (`errors`), never raised on the
     writer thread.
+
+    With `handoff_s`, small tasks go to the thread once two in a row spent longer than that inline
+    waiting (their time less their CPU time): what a thread hides for sure is the waiting for a slow
+    disk (a network file system, a journal busy with another process's files); CPU time it only
+    moves to another core, which may be busy too, and adds the hand-off (measured on two busy
+    cores: never less than the write itself). So the writer measures the wait instead of guessing it
+    from the bytes; two in a row, because a first write (new folders) or a preempted one is slow
+    once. While the writes wait, every `REMEASURE_EVERY`-th small task runs inline again to notice
+    the disk got fast. `max_tasks` bounds the tasks queued or running (1: the caller
+    never runs more than one task ahead of the disk, so a hard kill loses at most that task).
     """
 
     #: a task smaller than this runs on the caller's thread when nothing is queued (0: never)
     INLINE_BYTES = 1 << 20
     #: the bytes queued tasks may hold before `submit` waits for the writer
     MAX_PENDING = 256 << 20
+    #: while small tasks wait inline, one in this many still runs inline (measured again)
+    REMEASURE_EVERY = 16
 
-    def __init__(self, name: str, inline_bytes: int | None = None, max_pending: int | None = None) -> None:
+    def __init__(self, name: str, inline_bytes: int | None = None, max_pending: int | None = None, *,
+                 handoff_s: float | None = None, max_tasks: int | None = None) -> None:
         self.name = name
         self.inline_bytes = self.INLINE_BYTES if inline_bytes is None else inline_bytes
         self.max_pending = self.MAX_PENDING if max_pending is None else max_pending
+        self.handoff_s = handoff_s
+        self.max_tasks = max_tasks
+        self.slow_inline = 0  # the tasks run inline in a row that waited longer than handoff_s
+        self._handed = 0  # small tasks sent to the thread because the inline ones waited
         self._cond = threading.Condition()
         self._pending = 0  # bytes of queued and running tasks
         self._busy = 0  # tasks queued or running
@@ -176,9 +194,14 @@ class BackgroundWriter:
         """Run `fn(*args)` now (small, nothing queued) or after the tasks queued before it; returns
         (and clears) the errors of tasks that finished since the last call."""
         # _busy is read without the lock: a stale non-zero only sends a small task to the thread
-        if self._busy or size >= self.inline_bytes:
+        queue = bool(self._busy) or size >= self.inline_bytes
+        if not queue and self.slow_inline >= 2:
+            self._handed += 1
+            queue = self._handed % self.REMEASURE_EVERY != 0
+        if queue:
             with self._cond:
-                while self._busy and self._pending + size > self.max_pending:
+                while self._busy and (self._pending + size > self.max_pending
+                                      or (self.max_tasks is not None and self._busy >= self.max_tasks)):
                     self._cond.wait()
                 if self._executor is None:
                     self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"msprobe-{self.name}-writer")
@@ -191,10 +214,14 @@ class BackgroundWriter:
                     self._pending += size
                     self._busy += 1
                     return self._take_errors()
+        start, cpu = time.perf_counter(), time.thread_time()
         try:
             fn(*args)
         except BaseException as exc:  # reported like a queued task's
             self.errors.append(exc)
+        if self.handoff_s is not None:
+            waited = (time.perf_counter() - start) - (time.thread_time() - cpu)
+            self.slow_inline = self.slow_inline + 1 if waited > self.handoff_s else 0
         return self._take_errors()
 
     def _run(self, fn: Callable[..., object], args: tuple, size: int) -> None:

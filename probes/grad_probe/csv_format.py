@@ -265,6 +265,20 @@ def make_dirs(path: str | os.PathLike[str]) -> None:
     _MADE.add(key)
 
 
+def make_step_dir(path: str) -> None:
+    """`make_dirs` of a step's folder, new at every step: one ``mkdir`` when its parent exists (a
+    monitor makes one per step, so the existence checks of the general case are saved)."""
+    try:
+        os.mkdir(path, DIR_MODE)
+    except FileExistsError:
+        return
+    except FileNotFoundError:  # the rank's folder is new too
+        make_dirs(path)
+        return
+    if UMASK & DIR_MODE:  # a umask narrower than the mode
+        _chmod(path, DIR_MODE)
+
+
 def _write_text_atomic(path: str | os.PathLike[str], text: str, encoding: str = ENCODING) -> Path:
     make_dirs(os.path.dirname(os.fspath(path)))
     return write_text_atomic(path, text, encoding=encoding, mode=FILE_MODE)

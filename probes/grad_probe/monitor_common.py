@@ -25,7 +25,7 @@ from probes.core.writers import BackgroundWriter, close_writers, write_json_atom
 from probes.grad_probe import csv_format
 from probes.grad_probe.stats import GradStats
 
-__all__ = ["MAX_ERRORS", "SUMMARY_INTERVAL_S", "MonitorBase", "check_param_list"]
+__all__ = ["MAX_ERRORS", "SUMMARY_INTERVAL_S", "WRITE_HANDOFF_S", "MonitorBase", "check_param_list"]
 
 log = logging.getLogger("probes.grad_probe")
 
@@ -33,6 +33,10 @@ log = logging.getLogger("probes.grad_probe")
 SUMMARY_INTERVAL_S = 5.0
 #: At most this many error records are kept (the rest are counted).
 MAX_ERRORS = 1000
+#: a step's files waiting longer than this for the disk on the training thread go to the writer
+#: thread: about what a hand-off costs the training thread (the submission, and the writer's many
+#: short turns at the interpreter lock while it creates a file per parameter)
+WRITE_HANDOFF_S = 0.5e-3
 
 _ACTIVE: weakref.WeakSet[MonitorBase] = weakref.WeakSet()
 
@@ -78,9 +82,10 @@ class MonitorBase:
         self.compute_dtypes: set[str] = set()
         self._last_summary = 0.0
         self._dirty = False
-        # the step files are written off the training thread (one step in flight, see
-        # BackgroundWriter); summary.json is written by the same thread, after the files it lists
-        self._writer = BackgroundWriter("grad_probe")
+        # the step files are written on the training thread unless a slow disk keeps it waiting,
+        # else off it with one step in flight (see BackgroundWriter); summary.json is written by
+        # the same writer, after the files it lists
+        self._writer = BackgroundWriter("grad_probe", handoff_s=WRITE_HANDOFF_S, max_tasks=1)
 
     # ------------------------------------------------------------------ subclass interface
     def _resolve_rank(self) -> int:  # pragma: no cover - abstract
@@ -102,8 +107,8 @@ class MonitorBase:
         """Hand a step's files (its grad_summary CSV from `records`, the `(path, host bools)`
         direction files, and for sharded parameters the ``shards.json`` saying where each
         direction file's slice sits in the full parameter) to the writer (written at once when
-        small, by its thread when large) and do the book-keeping; summary.json follows the files
-        in the same task when it is due."""
+        small and not kept waiting by the disk, else by its thread) and do the book-keeping;
+        summary.json follows the files in the same task when it is due."""
         if missing:
             self.params_without_grad[step] = missing
         self.steps_written.append(step)
@@ -117,6 +122,8 @@ class MonitorBase:
         level, bounds, fp8, path = self.level, self.bounds, self.fp8_formats, f"{self.root}{os.sep}rank{rank}{os.sep}grad_summary_{step}.csv"
 
         def task() -> None:
+            if directions:  # every direction file of the step sits in the step's folder
+                csv_format.make_step_dir(os.path.dirname(directions[0][0]))
             for where, positive in directions:
                 csv_format.write_direction(where, positive)
             if slices:

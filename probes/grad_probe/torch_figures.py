@@ -13,6 +13,7 @@ import sys
 from contextlib import AbstractContextManager
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
 from probes.backends import torch_shards, torch_xp
@@ -21,8 +22,8 @@ from probes.grad_probe import stats
 from probes.grad_probe.monitor_common import MonitorBase
 from probes.grad_probe.step_files import StepFigure
 
-__all__ = ["BATCH_ELEMENTS", "Block", "TorchStepFigures", "grad_of", "local_device", "partitioning",
-           "to_host_packed"]
+__all__ = ["BATCH_ELEMENTS", "HOST_SIGNS_ELEMENTS", "Block", "TorchStepFigures", "grad_of", "host_signs",
+           "local_device", "partitioning", "signs", "to_host_packed"]
 
 log = logging.getLogger("probes.grad_probe")
 
@@ -150,8 +151,11 @@ class TorchStepFigures:
                                      batched=torch_xp if batched else None)
         if mon.fp8_formats:
             columns = torch.cat([columns, self._fp8_rows(xp, gs, dtype, gs[0].device)])
-        flat = torch.cat([g.reshape(-1) for g in gs]) if len(gs) > 1 else gs[0].reshape(-1)
-        payload = flat.to(dtype=torch.float32) if self.level == "L0" else flat > 0
+        if self.level == "L0":
+            flat = torch.cat([g.reshape(-1) for g in gs]) if len(gs) > 1 else gs[0].reshape(-1)
+            payload = flat.to(dtype=torch.float32)
+        else:
+            payload = signs([g.reshape(-1) for g in gs])
         return Block([(name, tuple(g.shape), tuple(g.shape), g.numel(), None) for name, g in batch], columns, payload)
 
     # ------------------------------------------------------------------ sharded gradients
@@ -222,9 +226,9 @@ class TorchStepFigures:
             local = piece.local if piece is not None else torch.zeros(0, device=device)
             keep = piece is not None and (self.level == "L0" or (piece.counted and piece.index is not None))
             flat = local.reshape(-1) if keep else local.reshape(-1)[:0]
-            payloads.append(flat.to(dtype=torch.float32) if self.level == "L0" else flat > 0)
+            payloads.append(flat.to(dtype=torch.float32) if self.level == "L0" else flat)
             out_members.append((name, shape, tuple(local.shape), flat.numel(), piece.index if piece else None))
-        return Block(out_members, columns, torch.cat(payloads), sharded=True)
+        return Block(out_members, columns, torch.cat(payloads) if self.level == "L0" else signs(payloads), sharded=True)
 
     # ------------------------------------------------------------------ FP8 health
     def _fp8_rows(self, xp: Any, gs: list[torch.Tensor], dtype: torch.dtype, device: torch.device,
@@ -266,9 +270,7 @@ class TorchStepFigures:
 def to_host_packed(items: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[list[list[float]], Any]]:
     """(statistics rows, a list of floats per column, and the payload as a host array) of every
     (columns, payload) pair, from one host copy per device: every tensor's bytes are concatenated
-    on the device and split on the host."""
-    import numpy as np
-
+    on the device and split on the host (a payload already on the host, `host_signs`, is kept)."""
     out: list[tuple[list[list[float]], Any]] = [([], None) for _ in items]
     by_device: dict[Any, list[int]] = {}
     for i, (columns, _payload) in enumerate(items):
@@ -277,20 +279,77 @@ def to_host_packed(items: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple
         parts = []
         for i in idx:
             columns, payload = items[i]
-            parts += [columns.reshape(-1).view(torch.uint8), payload.view(torch.uint8)]
+            parts.append(columns.reshape(-1).view(torch.uint8))
+            if isinstance(payload, torch.Tensor):
+                parts.append(payload.view(torch.uint8))
         flat = torch.cat(parts).cpu().numpy()
         pos = 0
         for i in idx:
             columns, payload = items[i]
-            n_col, n_pay = columns.numel() * columns.element_size(), payload.numel() * payload.element_size()
+            n_col = columns.numel() * columns.element_size()
             figures = np.frombuffer(flat[pos : pos + n_col], dtype=_NUMPY[columns.dtype]).reshape(columns.shape)
-            data = np.frombuffer(flat[pos + n_col : pos + n_col + n_pay], dtype=_NUMPY[payload.dtype])
-            out[i] = (figures.T.astype(np.float64).tolist(), data)
-            pos += n_col + n_pay
+            pos += n_col
+            if isinstance(payload, torch.Tensor):
+                n_pay = payload.numel() * payload.element_size()
+                payload = np.frombuffer(flat[pos : pos + n_pay], dtype=_NUMPY[payload.dtype])
+                pos += n_pay
+            out[i] = (figures.T.astype(np.float64).tolist(), payload)
     return out
 
 
 _NUMPY = {torch.float64: "float64", torch.float32: "float32", torch.bool: "bool"}
+
+
+#: NumPy's comparison costs ~2 us a tensor and ~0.1 ns an element, torch's (a concatenation, a
+#: bool kernel, bytes in the host copy) ~9 us in all and ~0.7 ns an element: NumPy's is cheaper once
+#: the gradients average this many elements
+HOST_SIGNS_ELEMENTS = 4096
+
+
+def signs(flats: list[torch.Tensor]) -> Any:
+    """The direction files' ``g > 0`` of flat gradients, concatenated: on the host when NumPy can
+    read them in place and they are large enough for that to pay (`host_signs`), else by torch on
+    their device (its bytes then travel in the step's one host copy)."""
+    if sum(f.numel() for f in flats) >= HOST_SIGNS_ELEMENTS * len(flats):
+        try:
+            host = host_signs(flats)
+        except (RuntimeError, TypeError, ValueError):  # a tensor NumPy refuses after all: torch's way
+            host = None
+        if host is not None:
+            return host
+    return (torch.cat(flats) if len(flats) > 1 else flats[0]) > 0
+
+
+#: bfloat16's bit patterns of the positive non-NaN values, shifted down by one, are those below this
+_BF16_POSITIVE_BELOW = np.uint16(0x7F80)
+
+
+def host_signs(flats: list[torch.Tensor]) -> np.ndarray | None:
+    """``g > 0`` of flat CPU gradients into one new host array, by NumPy reading the gradients'
+    memory in place: torch's CPU comparison into a bool tensor costs several additions' time, and
+    its result needs a concatenation and a host copy besides. NumPy's ``>`` has IEEE semantics
+    (NaN and -0.0 are not positive), so the bytes are torch's. bfloat16, which NumPy lacks, is
+    read by its bits: ``x > 0`` exactly when ``bits - 1`` (unsigned, wrapping) is below 0x7F80,
+    i.e. the bits lie in [0x0001, 0x7F80], the positive numbers up to +inf. None when some
+    gradient is not a plain CPU tensor NumPy can view."""
+    for f in flats:
+        if (type(f) is not torch.Tensor or f.device.type != "cpu" or f.dtype not in _HOST_SIGN_DTYPES
+                or f.requires_grad or f.is_neg()):
+            return None
+    out = np.empty(sum(f.numel() for f in flats), dtype=bool)
+    pos = 0
+    for f in flats:
+        n = f.numel()
+        if f.dtype == torch.bfloat16:
+            bits = f.view(torch.int16).numpy().view(np.uint16)
+            np.less(bits - np.uint16(1), _BF16_POSITIVE_BELOW, out=out[pos : pos + n])
+        else:
+            np.greater(f.numpy(), 0, out=out[pos : pos + n])
+        pos += n
+    return out
+
+
+_HOST_SIGN_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def partitioning(p: torch.Tensor) -> torch_shards.PartitionedParams | None:

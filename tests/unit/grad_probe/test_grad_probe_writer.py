@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from probes.core.writers import BackgroundWriter  # noqa: E402
-from probes.grad_probe import csv_format  # noqa: E402
+from probes.grad_probe import csv_format, monitor_common  # noqa: E402
 from probes.pytorch import PrecisionDebugger  # noqa: E402
 from pytest_msprobe.testing import simulated_npu  # noqa: E402
 
@@ -53,7 +54,9 @@ def _writer_threads(monkeypatch) -> list[str]:
 
 
 def test_a_tiny_models_steps_are_written_inline_and_on_disk_after_stop(tmp_path, monkeypatch):
-    # a few KiB per step: a hand-off to a thread would cost more than the write
+    # a few KiB per step: a hand-off to a thread would cost more than the write (however busy the
+    # disk of the test machine: the write's measured cost is taken as small)
+    monkeypatch.setattr(monitor_common, "WRITE_HANDOFF_S", 60.0)
     threads = _writer_threads(monkeypatch)
     dbg = _train(tmp_path, steps=4)
     assert threads == [threading.current_thread().name] * 4
@@ -92,6 +95,43 @@ def test_a_writer_never_waits_for_an_earlier_step_unless_memory_needs_it():
     blocked.join(10)
     writer.close()
     assert done == [0, 1, 2, 3, 4, 5]
+
+
+def test_small_tasks_go_to_the_thread_while_they_are_slow_inline_and_come_back_when_fast():
+    writer = BackgroundWriter("adaptive", handoff_s=0.05, max_tasks=1)
+    where: list[str] = []
+    delay = [0.06]
+
+    def write() -> None:
+        time.sleep(delay[0])
+        where.append(threading.current_thread().name)
+
+    for _ in range(4):  # one slow write is a spike, two in a row a slow disk
+        writer.submit(write, size=1)
+        writer.flush()
+    main = threading.current_thread().name
+    assert where[:2] == [main, main] and all(w.startswith("msprobe-adaptive-writer") for w in where[2:])
+    delay[0] = 0.0
+    for _ in range(2 * BackgroundWriter.REMEASURE_EVERY):
+        writer.submit(write, size=1)
+        writer.flush()
+    assert where[-3:] == [main] * 3  # measured again, fast: inline from then on
+    writer.close()
+
+
+def test_one_task_in_flight_the_caller_waits_for_the_one_before():
+    release = threading.Event()
+    writer = BackgroundWriter("one", inline_bytes=0, max_tasks=1)
+    done: list[int] = []
+    writer.submit(lambda: (release.wait(), done.append(0)), size=1)
+    second = threading.Thread(target=writer.submit, args=(done.append, 1), kwargs={"size": 1})
+    second.start()
+    second.join(0.3)
+    assert second.is_alive() and done == []  # a hard kill now loses one task, not two
+    release.set()
+    second.join(10)
+    writer.close()
+    assert done == [0, 1]
 
 
 def test_a_small_task_waits_behind_the_tasks_queued_before_it_and_close_ends_the_thread():

@@ -24,3 +24,20 @@ def grad_run(dump, *, flip_from_step=None, steps=4, level="L1"):
             model[2].weight.grad.neg_()  # the seeded defect: a backward kernel with the wrong sign
         opt.step()
     dbg.stop()
+
+
+def step_with_grads(dump, grads, level="L1"):
+    """One monitored optimizer step (SGD, lr 0: nothing moves) of parameters holding exactly the
+    gradients `grads` (name -> tensor), in strict mode, into `dump`."""
+    params = {}
+    for name, g in grads.items():
+        p = torch.nn.Parameter(torch.zeros_like(g))
+        p.grad = g
+        params[name] = p
+    opt = torch.optim.SGD(params.values(), lr=0.0)
+    dbg = PrecisionDebugger(config={"task": "grad_probe", "dump_path": str(dump), "strict": True,
+                                    "grad_probe": {"grad_level": level}})
+    dbg.monitor(params, opt)
+    opt.step()
+    dbg.stop()
+    return dbg

@@ -12,6 +12,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from grad_runs import step_with_grads  # noqa: E402
+
 from probes.grad_probe import GradComparator, torch_figures  # noqa: E402
 from probes.grad_probe.torch_figures import host_signs, signs  # noqa: E402
 from probes.pytorch import PrecisionDebugger  # noqa: E402
@@ -76,17 +78,7 @@ def test_direction_files_are_np_save_of_g_gt_0(tmp_path: Path, monkeypatch, dtyp
     t = awkward(dtype)
     t = t.repeat(20000 // t.numel() + 1) if large else t[:16]
     grads = {"a": t, "b": t.flip(0).reshape(1, -1), "c": t[: 5].clone(), "d": torch.randn(3, 4).to(dtype)}
-    params = {}
-    for name, g in grads.items():
-        p = torch.nn.Parameter(torch.zeros_like(g))
-        p.grad = g
-        params[name] = p
-    opt = torch.optim.SGD(params.values(), lr=0.0)
-    dbg = PrecisionDebugger(config={"task": "grad_probe", "dump_path": str(tmp_path), "strict": True,
-                                    "grad_probe": {"grad_level": "L1"}})
-    dbg.monitor(params, opt)
-    opt.step()
-    dbg.stop()
+    step_with_grads(tmp_path, grads)
     for name, g in grads.items():
         got = (tmp_path / "rank0" / "step0" / f"{name}.npy").read_bytes()
         assert got == npy_bytes((g > 0).numpy()), name

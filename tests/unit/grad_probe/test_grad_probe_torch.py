@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 import torch.optim.optimizer as topt
+from grad_runs import step_with_grads
 
 from probes.core.config import load_config
 from probes.core.errors import ConfigError, ProbeError
@@ -554,17 +555,7 @@ def test_batched_statistics_match_one_by_one_and_stay_exact_where_they_must(tmp_
         "large": torch.randn(40, 40),
         "b": torch.randn(3),
     }
-    params = {}
-    for name, g in grads.items():
-        p = torch.nn.Parameter(torch.zeros_like(g))
-        p.grad = g
-        params[name] = p
-    opt = torch.optim.SGD(params.values(), lr=0.0)
-    dbg = PrecisionDebugger(config={"task": "grad_probe", "dump_path": str(tmp_path), "strict": True,
-                                    "grad_probe": {"grad_level": "L1"}})
-    dbg.monitor(params, opt)
-    opt.step()
-    dbg.stop()
+    step_with_grads(tmp_path, grads)
     assert sorted(calls) == [1, 5]  # float32 small ones together, the bf16 one in its own batch
     rows = list(csv.reader((tmp_path / "rank0" / "grad_summary_0.csv").read_text(encoding="utf-8-sig").splitlines()))
     assert [r[0] for r in rows[1:]] == list(grads)

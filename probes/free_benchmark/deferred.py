@@ -81,20 +81,11 @@ class VerdictQueue:
         its errors and callbacks handled the same way); the request that needs the device, or
         None when it finished."""
         raised: list[BaseException] = []
-        while _on_host(request):
-            try:
-                request = comparison.send([list(a) for a in request])
-            except StopIteration as finished:
-                _call(done, finished.value, raised, failed)
-                break
-            except Exception as exc:
-                _call(failed, exc, raised)
-                break
-        else:
-            return request
+        while request is not None and _on_host(request):
+            request = _send(comparison, [list(a) for a in request], done, failed, raised)
         if raised:
             raise raised[0]
-        return None
+        return request
 
     def settle(self) -> None:
         """Finish every pending comparison: one host transfer per pass for all of them.
@@ -134,15 +125,24 @@ class VerdictQueue:
                 except Exception as exc:
                     _call(p.failed, exc, raised)
                     continue
-            try:
-                p.request = p.comparison.send(mine)
-            except StopIteration as finished:
-                _call(p.done, finished.value, raised, p.failed)
-            except Exception as exc:  # this call's problem, reported as such; the others go on
-                _call(p.failed, exc, raised)
-            else:
+            request = _send(p.comparison, mine, p.done, p.failed, raised)
+            if request is not None:
+                p.request = request
                 still.append(p)
         return still
+
+
+def _send(comparison: Comparison, figures: list[Any], done: Callable[[list[Any]], None],
+          failed: Callable[[BaseException], None], raised: list[BaseException]) -> list[Any] | None:
+    """Give a comparison its figures: its next request, or None once it finished (its verdicts to
+    `done`) or failed (this call's problem, to `failed`; the others go on)."""
+    try:
+        return comparison.send(figures)
+    except StopIteration as finished:
+        _call(done, finished.value, raised, failed)
+    except Exception as exc:
+        _call(failed, exc, raised)
+    return None
 
 
 def _on_host(request: list[Any]) -> bool:

@@ -133,7 +133,9 @@ class Perturbation:
             why = self.accepts(values)
             if why is None:
                 new = self.perturb(values)
-                new_args, new_kwargs = _replace(args, kwargs, where, path, rebuild(new))
+                # no_change hands the leaf back as it is: the call's own arguments, nothing rebuilt
+                new_args, new_kwargs = ((args, kwargs) if new is leaf
+                                        else _replace(args, kwargs, where, path, rebuild(new)))
                 return PerturbedCall(new_args, _no_inplace(new_kwargs), moved=(values, new),
                                      move=self.move_bound(self.backend.dtype_name(values)))
             reason = why
@@ -295,17 +297,6 @@ class NoChange(Perturbation):
 
     def perturb(self, t: Any) -> Any:
         return t
-
-    def build(self, args: tuple, kwargs: dict) -> PerturbedCall | Cancelled:
-        """The call's own inputs (no copy: nothing is edited), once it has a non-empty floating
-        tensor to re-run on."""
-        reason = "no floating-point tensor among the inputs"
-        for _where, _path, leaf in _float_leaves(self.backend, args, kwargs):
-            why = self.accepts(leaf)
-            if why is None:
-                return PerturbedCall(args, _no_inplace(kwargs), moved=(leaf, leaf))
-            reason = why
-        return Cancelled(reason)
 
 
 class ToCpu(Perturbation):

@@ -2,8 +2,9 @@
 
 Every compared op needs the device under test, whether all its tensors are ordinary dense ones,
 and how many bytes the reference will copy; on a model of small tensors each walk over the
-arguments in Python costs a noticeable share of the op, so `scan` answers the three at once (the
-same answers as reference.device_under_test, reference.plain_strided and reference.input_bytes).
+arguments in Python costs a noticeable share of the op, so `scan` answers the three at once
+(reference.device_under_test and reference.input_bytes are its parts, for the callers that need
+one).
 `other_modes_off` is _disable_current_modes without its cost when no other mode is active, as in
 the usual run.
 """

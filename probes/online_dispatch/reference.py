@@ -27,6 +27,8 @@ from typing import Any, Callable
 
 import torch
 
+from probes.online_dispatch.call_scan import scan
+
 CPU = torch.device("cpu")
 _LOW_PRECISION = {torch.float16, torch.bfloat16}
 for _name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"):
@@ -47,52 +49,12 @@ def reference_dtype(dtype: torch.dtype, device_is_cpu: bool) -> torch.dtype:
 
 def device_under_test(args: tuple, kwargs: dict) -> torch.device | None:
     """The device of the first non-CPU tensor argument, else CPU; None without tensors."""
-    found: torch.device | None = None
-    stack: list[Any] = [args, kwargs]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, torch.Tensor):
-            if x.device.type != "cpu":
-                return x.device
-            found = CPU
-        elif isinstance(x, (list, tuple)):
-            stack.extend(x)
-        elif isinstance(x, dict):
-            stack.extend(x.values())
-    return found
-
-
-def plain_strided(args: tuple, kwargs: dict) -> bool:
-    """True when every tensor argument is an ordinary dense tensor with data (not meta, sparse,
-    quantized or nested)."""
-    stack: list[Any] = [args, kwargs]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, torch.Tensor):
-            if x.layout is not torch.strided or x.device.type == "meta" or x.is_quantized or x.is_nested:
-                return False
-        elif isinstance(x, (list, tuple)):
-            stack.extend(x)
-        elif isinstance(x, dict):
-            stack.extend(x.values())
-    return True
+    return scan(args, kwargs)[0]
 
 
 def input_bytes(args: tuple, kwargs: dict) -> int:
     """Bytes of the call's dense tensor arguments (what the reference copies, before widening)."""
-    from probes.backends.torch_memory import tensor_bytes
-
-    stack: list[Any] = [args, kwargs]
-    found = []
-    while stack:
-        x = stack.pop()
-        if isinstance(x, torch.Tensor):
-            found.append(x)
-        elif isinstance(x, (list, tuple)):
-            stack.extend(x)
-        elif isinstance(x, dict):
-            stack.extend(x.values())
-    return tensor_bytes(found)
+    return scan(args, kwargs)[2]
 
 
 @dataclass

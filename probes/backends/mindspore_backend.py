@@ -34,9 +34,10 @@ import numpy as np
 from mindspore import Tensor
 
 from probes.backends import mindspore_autodiff, mindspore_xp
-from probes.backends.base import BackendDefaults, BitViews, bit_view_table, scaled_options
+from probes.backends.base import BackendDefaults, bit_view_table, scaled_options
+from probes.backends.host_arrays import HOST_ARRAYS, ratio_figures
 from probes.backends.mindspore_rng import GeneratorWatch, LazyState
-from probes.core import metrics, scaled
+from probes.core import scaled
 from probes.core.precision_raise import raised_dtype
 
 mindspore_xp.warm_up()  # NumPy 2: the first operator of a process fails once
@@ -71,25 +72,6 @@ XP = types.SimpleNamespace(**{k: v for k, v in vars(mindspore_xp).items() if not
 XP.abs = _abs
 
 
-class HostArrays(BitViews):
-    """The backend operations the perturbations use, for NumPy arrays (see host_workspace)."""
-
-    bit_dtypes = bit_view_table(np.dtype, ("float16", "float32", "float64"))  # NumPy has no bfloat16
-
-    def namespace(self, a: Any) -> Any:
-        return np_xp
-
-    def dtype_name(self, a: Any) -> str:
-        return a.dtype.name  # float16 / float32 / float64, as the backends name them
-
-    def shape(self, a: Any) -> tuple[int, ...]:
-        return a.shape
-
-    def clone(self, a: Any) -> Any:
-        return np.array(a, copy=True)
-
-
-HOST_ARRAYS = HostArrays()
 
 
 def _from_host(a: Any) -> Any:
@@ -235,7 +217,7 @@ class MindSporeBackend(BackendDefaults):
                                    tuple(hb.shape), finite=finite, **scaled_options(elementwise))
 
     def ratio_reductions(self, a: Any, b: Any, tol: float) -> Any:
-        """The core formula (metrics.ratio_reductions) on NumPy views where host_view allows,
+        """The ratio figures (host_arrays.ratio_figures) on NumPy views where host_view allows,
         in the dtype to_compute would give, else on MindSpore tensors. bfloat16 leaves are cast
         to float32 by MindSpore first (one operator each; NumPy has no bfloat16): cheaper than
         the formula's dozen operators, and NaN-aware, which MindSpore's Maximum and ReduceMax
@@ -246,7 +228,7 @@ class MindSporeBackend(BackendDefaults):
         if ha is None or hb is None or hb.dtype.kind != "f" or ha.dtype.kind != "f":
             return super().ratio_reductions(a, b, tol)
         dtype = hb.dtype if hb.dtype in _HOST_COMPUTE else np.float32
-        return metrics.ratio_reductions(np_xp, ha.astype(dtype, copy=False), hb.astype(dtype, copy=False), tol)
+        return ratio_figures(ha.astype(dtype, copy=False), hb.astype(dtype, copy=False), tol)
 
     def any_differ(self, a: Any, b: Any) -> Any:
         if tuple(a.shape) != tuple(b.shape):

@@ -7,8 +7,17 @@ from typing import Any
 
 import torch
 
-from probes.backends import torch_autodiff, torch_dtensor, torch_fp8, torch_leaves, torch_memory, torch_xp
+from probes.backends import (
+    torch_autodiff,
+    torch_dtensor,
+    torch_fp8,
+    torch_host,
+    torch_leaves,
+    torch_memory,
+    torch_xp,
+)
 from probes.backends.base import BackendDefaults, bit_view_table
+from probes.backends.host_arrays import ratio_figures
 from probes.backends.torch_equality import host_equal
 from probes.core import metrics
 from probes.core.precision_raise import raised_dtype
@@ -185,11 +194,21 @@ class TorchBackend(BackendDefaults):
         return torch_xp
 
     def ratio_reductions(self, a: Any, b: Any, tol: float) -> Any:
-        """metrics.ratio_reductions for an original leaf `a` and a perturbed leaf `b`, computed
-        in place on two temporaries per chunk, each chunk cast to the compute dtype on its own:
-        on the CPU a fresh output buffer costs as much as the arithmetic, and no full-size
-        float32 copy of a bf16 output is ever made. tests/unit/core/test_metrics.py checks it against
-        the core formula."""
+        """metrics.ratio_reductions for an original leaf `a` and a perturbed leaf `b`: host
+        numbers at once for small plain CPU tensors (NumPy on their memory, torch_host.py), else
+        device figures computed in place on two temporaries per chunk, each chunk cast to the
+        compute dtype on its own: on the CPU a fresh output buffer costs as much as the
+        arithmetic, and no full-size float32 copy of a bf16 output is ever made.
+        tests/unit/core/test_metrics.py checks both against the core formula."""
+        if a.numel() <= torch_host.HOST_MAX_ELEMENTS:
+            ha = torch_host.compute_view(a, b)
+            hb = None if ha is None else torch_host.compute_view(b, b)
+            if hb is not None:
+                return ratio_figures(ha, hb, tol)
+        return self.device_ratio_reductions(a, b, tol)
+
+    def device_ratio_reductions(self, a: Any, b: Any, tol: float) -> Any:
+        """ratio_reductions computed by torch's kernels, on the tensors' device."""
         dtype = b.dtype if b.dtype in (torch.float32, torch.float64) else torch.float32
         a = a.detach()
         b = b.detach()
@@ -250,6 +269,9 @@ class TorchBackend(BackendDefaults):
                 out[i] = flat[pos : pos + sizes[i]]
                 pos += sizes[i]
         return out
+
+    # True/False for plain CPU tensors, answered on the host at once; None: measure on the device
+    host_equal = staticmethod(host_equal)
 
     def any_differ(self, a: Any, b: Any) -> Any:
         """Device scalar: number of differing elements (integer/bool outputs are compared exactly,

@@ -37,7 +37,7 @@ def test_torch_views_every_float_and_fp8_format_and_back():
 
 def test_the_host_arrays_view_numpy_floats_and_back():
     pytest.importorskip("mindspore")
-    from probes.backends.mindspore_backend import HOST_ARRAYS
+    from probes.backends.host_arrays import HOST_ARRAYS
 
     for dtype in (np.float16, np.float32, np.float64):
         a = np.linspace(-3, 3, 16, dtype=dtype)

@@ -458,7 +458,8 @@ def test_single_benchmark_non_finite_mismatch_fails(ns, actual, golden):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("small_chunks", [False, True])
 def test_torch_fast_ratio_path_equals_core_formula(dtype, small_chunks, monkeypatch):
-    """The backend's in-place ratio kernel must give the core formula's figures exactly."""
+    """The backend's in-place ratio kernel (and its host path for small CPU tensors, a list of
+    host numbers) must give the core formula's figures exactly."""
     from probes.backends.torch_backend import BACKEND
 
     if small_chunks:
@@ -470,15 +471,15 @@ def test_torch_fast_ratio_path_equals_core_formula(dtype, small_chunks, monkeypa
     a[4, 10] = 1e-7
     a_before, b_before = a.clone(), b.clone()
     for tol in (1e-4, 1e-3):
-        fast = BACKEND.ratio_reductions(a, b, tol)
         core = metrics.ratio_reductions(BACKEND.namespace(a), a, b, tol)
-        assert torch.equal(fast, core)
+        assert torch.equal(BACKEND.device_ratio_reductions(a, b, tol), core)
+        assert BACKEND.ratio_reductions(a, b, tol) == core.tolist()
     assert torch.equal(a, a_before) and torch.equal(b, b_before)  # inputs untouched
     # a half-precision original against a float32 re-run: cast per chunk, same figures
     h = a.to(torch.bfloat16)
-    fast = BACKEND.ratio_reductions(h, b.float(), 1e-4)
     core = metrics.ratio_reductions(BACKEND.namespace(b), h.float(), b.float(), 1e-4)
-    assert torch.equal(fast, core)
+    assert torch.equal(BACKEND.device_ratio_reductions(h, b.float(), 1e-4), core)
+    assert BACKEND.ratio_reductions(h, b.float(), 1e-4) == core.tolist()
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -18,9 +18,10 @@ from hypothesis import strategies as st
 
 from probes.backends.torch_backend import BACKEND
 from probes.core import metrics
+from probes.core import thresholds as th
 from probes.core.leaf_verdicts import StructureMismatch
 from probes.core.trees import format_path
-from probes.free_benchmark.compare import compare_outputs
+from probes.free_benchmark.compare import compare_outputs, equal_at_once
 
 
 def cmp(original, perturbed, mode="add_noise", **kw):
@@ -427,3 +428,41 @@ def test_verdicts_follow_output_order():
     # was a bug: Python-number verdicts came before the tensor verdicts of the batched transfer
     verdicts = cmp((t([1.0]), 0.5, t([2.0]), 3), (t([1.0]), 0.6, t([2.0]), 4))
     assert [v.path for v in verdicts] == [(0,), (1,), (2,), (3,)]
+
+
+def _fields(verdicts):
+    """A verdict as comparable values (the leaf itself is a tensor)."""
+    return [(v.path, v.consistent, v.max_rel, v.threshold, v.figure, v.dtype_repr, v.shape_repr, v.detail,
+             v.leaf is None or v.leaf.data_ptr()) for v in verdicts]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int64,
+                                   torch.bool])
+@pytest.mark.parametrize("shape", [(), (0,), (3, 4), (70, 80)])
+@pytest.mark.parametrize("tolerance", [None, th.BACKWARD_TOLERANCE])
+def test_equal_at_once_gives_the_comparisons_verdicts(dtype, shape, tolerance):
+    """no_change's verdicts made at the call for equal plain outputs are the comparison's."""
+    a = (torch.randn(shape) * 3).to(dtype)
+    for b in (a.clone(), a):
+        fast = equal_at_once(BACKEND, a, b, pert_mode="no_change", tolerance=tolerance)
+        assert fast is not None
+        assert _fields(fast) == _fields(cmp(a, b, "no_change", tolerance=tolerance))
+    t = torch.randn(70, 80)
+    assert _fields(equal_at_once(BACKEND, t.t(), t.t().clone(), pert_mode="no_change")) == _fields(
+        cmp(t.t(), t.t().clone(), "no_change"))  # a transposed view
+
+
+class _Sub(torch.Tensor):
+    pass
+
+
+def test_equal_at_once_leaves_everything_else_to_the_comparison():
+    a = torch.randn(4, 5)
+    changed = a.clone()
+    changed[1, 1] += 1
+    with_nan = a.clone()
+    with_nan[0, 0] = math.nan
+    for original, perturbed in [(a, changed), (with_nan, with_nan.clone()), ((a,), (a.clone(),)),
+                                (a.as_subclass(_Sub), a.clone()), (torch.randn(3, dtype=torch.complex64),) * 2,
+                                (a, a.double()), (2.0, 2.0)]:
+        assert equal_at_once(BACKEND, original, perturbed, pert_mode="no_change") is None

@@ -31,13 +31,16 @@ class Mlp(nn.Module):
         return F.softmax(self.b(torch.tanh(h) * 2 + h), dim=-1)
 
 
-def _steps(cfg: dict, dtype=torch.float32, device="cpu", steps=2, max_calls=None, after=None) -> PrecisionDebugger:
+def _steps(cfg: dict, dtype=torch.float32, device="cpu", steps=2, max_calls=None, after=None,
+           equal_at_once=True) -> PrecisionDebugger:
     torch.manual_seed(0)
     model = Mlp().to(device=device, dtype=dtype)
     x = torch.randn(16, 32, device=device, dtype=dtype)
     dbg = PrecisionDebugger(config=cfg)
     if max_calls is not None:
         dbg.probe.verdicts.max_calls = max_calls
+    if not equal_at_once:  # every call through the comparison and its queue
+        dbg.probe._equal_at_once = False
     for _ in range(steps):
         dbg.start()
         y = model(x)
@@ -84,12 +87,13 @@ def test_deferred_rows_and_summaries_are_identical_to_judging_each_call_at_once(
     if stage == "backward":
         section["list"] = ["linear", "gelu", "softmax", "tanh"]
     dumps = {}
-    for label, max_calls in (("at_once", 1), ("deferred", None), ("small_buffer", 3)):
+    for label, max_calls, equal_at_once in (("at_once", 1, True), ("deferred", None, True), ("small_buffer", 3, True),
+                                            ("no_shortcut", None, False)):
         if mode == "no_change":
             monkeypatch.setattr(torch, "tanh", seeded.nondeterministic())
         dump = tmp_path / label
         cfg = {"task": "free_benchmark", "dump_path": str(dump), "free_benchmark": section}
-        dbg = _steps(cfg, dtype, max_calls=max_calls)
+        dbg = _steps(cfg, dtype, max_calls=max_calls, equal_at_once=equal_at_once)
         dumps[label] = _files(dump)
         summary = dbg.summary()
         assert summary["apis"], "nothing was checked"
@@ -97,6 +101,7 @@ def test_deferred_rows_and_summaries_are_identical_to_judging_each_call_at_once(
             assert summary["apis"]["Torch.tanh"]["flagged"] >= 1, summary["apis"]["Torch.tanh"]
     assert dumps["deferred"] == dumps["at_once"]
     assert dumps["small_buffer"] == dumps["at_once"]
+    assert dumps["no_shortcut"] == dumps["at_once"]  # no_change's verdicts known at the call (compare.equal_at_once)
 
 
 def test_fix_is_unchanged_by_deferral(tmp_path):

@@ -1,0 +1,71 @@
+"""NumPy views of plain CPU tensors: where the probes compute on host memory without torch's
+dispatcher (probes/backends/host_arrays.py says why, and what is computed there).
+
+Only a tensor that is exactly what it looks like qualifies: a torch.Tensor (or Parameter) of the
+strided layout on the CPU, not a conjugate or negative view, not a torch.func transform's wrapper
+(whose values are not these). Anything else (another device, a subclass, a nested, sparse or
+masked tensor, a DTensor) gets None and takes the torch path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from probes.backends.host_arrays import COMPUTE_DTYPES, bfloat16_as_float32
+
+#: Tensors up to this many elements are compared with NumPy: below it its single-threaded
+#: passes beat torch's kernels, whose dispatch costs a few microseconds per operator (the ratio
+#: figures, measured on one AVX2 core: 9 against 72 us at 256 elements, 68 against 122 us at 32K;
+#: at 128K NumPy is slower, and in a training step already at 64K).
+HOST_MAX_ELEMENTS = 1 << 15
+
+_STRIDED = torch.strided
+_IS_WRAPPED = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
+NUMPY_DTYPES = frozenset({torch.float16, torch.float32, torch.float64, torch.bool, torch.int8, torch.uint8,
+                           torch.int16, torch.int32, torch.int64})
+
+
+def plain_cpu(t: Any) -> bool:
+    """Whether `t` is a plain strided CPU tensor whose memory holds its values as they read."""
+    kind = type(t)
+    if kind is not torch.Tensor and kind is not torch.nn.Parameter:
+        return False
+    if not t.is_cpu or t.layout is not _STRIDED or t.is_conj() or t.is_neg():
+        return False
+    return _IS_WRAPPED is None or not _IS_WRAPPED(t)
+
+
+def host_view(t: Any, limit: int = HOST_MAX_ELEMENTS) -> np.ndarray | None:
+    """A read-only NumPy view of `t` (no copy) when it is a plain CPU tensor of a dtype NumPy has
+    and of at most `limit` elements, else None."""
+    if not plain_cpu(t) or t.dtype not in NUMPY_DTYPES or t.numel() > limit:
+        return None
+    try:
+        view = _numpy(_detach(t))
+    except (RuntimeError, TypeError):  # a tensor NumPy cannot view
+        return None
+    view.flags.writeable = False  # it shares the user's memory: never write through it
+    return view
+
+
+def compute_view(t: Any, like: Any) -> np.ndarray | None:
+    """`t`'s values on the host in the compute dtype of the ratio rule for `like` (like's dtype,
+    at least float32): a view for float32/float64, an exact widened copy for float16 / bfloat16;
+    None where host_view gives none (bfloat16 is read through its bits)."""
+    dtype = np.float64 if like.dtype == torch.float64 else np.float32
+    if t.dtype == torch.bfloat16:
+        bits = host_view(_view(t, torch.int16)) if plain_cpu(t) else None
+        return None if bits is None else bfloat16_as_float32(bits).astype(dtype, copy=False)
+    view = host_view(t)
+    if view is None or view.dtype.kind != "f":
+        return None
+    return view if view.dtype in COMPUTE_DTYPES and view.dtype == dtype else view.astype(dtype)
+
+
+# TensorBase's own methods: while a probe runs, torch.Tensor's are its pass-through wrappers
+_detach = torch._C.TensorBase.detach
+_numpy = torch._C.TensorBase.numpy
+_view = torch._C.TensorBase.view

@@ -4,9 +4,10 @@ This runs for every output of every compared op, so on a model of small tensors 
 call (a few microseconds in Python) weighs as much as its arithmetic. A leaf of at most
 `CHUNK_ELEMENTS` pays five calls: the float64 difference (one pass, the device leaf widened
 exactly on the way), three dot products and one pass for its largest and smallest element; the
-op's leaves then go to the host in one transfer, where the figures are finished as
-probes.core.dispatch_figures.figures_from_parts finishes them. Larger leaves are measured chunk
-by chunk by the core (`leaf_figure_parts`), where the arithmetic outweighs the calls.
+five results are read with `item()` (the pairs are on the CPU: stacking them for one transfer
+cost more than it saved) and finished as probes.core.dispatch_figures.figures_from_parts
+finishes them. Larger leaves are measured chunk by chunk by the core (`leaf_figure_parts`),
+where the arithmetic outweighs the calls.
 
 The values equal the core's (`leaf_figures`: the same float64 roundings in the same order), except
 that a MaxAbsErr of zero is always +0.0: the largest and smallest element come from one
@@ -29,19 +30,17 @@ _F64 = torch.float64
 # device dtypes torch.sub widens to float64 itself (others, FP8 and bool among them, do not promote)
 _PROMOTING = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 # from this many elements on, the difference is taken as a cast then a same-dtype subtraction
-_WIDEN_APART = 8192
+_WIDEN_APART = 4096
 
 
 def _parts(dev: torch.Tensor, ref: torch.Tensor) -> list[torch.Tensor]:
     """[ref.ref, ref.diff, diff.diff, max diff, min diff] of a flat pair, 0-d float64 tensors."""
-    if dev.dtype not in _PROMOTING:
-        dev = dev.to(_F64)
-    if ref.dtype != _F64:
-        ref = ref.to(_F64)
-    if dev.shape[0] < _WIDEN_APART:
+    if ref.dtype is not _F64:
+        ref = ref.double()
+    if dev.dtype is _F64 or (dev.dtype in _PROMOTING and dev.shape[0] < _WIDEN_APART):
         diff = torch.sub(dev, ref)  # float64: never a view of the user's tensor
-    else:  # on larger leaves a plain cast and a float64 subtraction beat torch.sub's mixed dtypes
-        diff = dev.to(_F64, copy=True)
+    else:  # a plain cast (a new tensor: the dtype differs) and a float64 subtraction beat torch.sub's mixed dtypes
+        diff = dev.double()
         diff.sub_(ref)
     low, top = torch.aminmax(diff)
     return [ref @ ref, ref @ diff, diff @ diff, top, low]
@@ -49,23 +48,21 @@ def _parts(dev: torch.Tensor, ref: torch.Tensor) -> list[torch.Tensor]:
 
 def leaf_figures(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[list[float]]:
     """Host df.FIGURE_COUNT figures of every (device, reference) pair (equal numel > 0, on the
-    CPU), one transfer."""
-    parts: list[torch.Tensor] = []
+    CPU, so each 0-d result is read with item(): cheaper than stacking them for one transfer)."""
+    out = []
     xp = None
     for d, r in pairs:
-        d, r = d.reshape(-1), r.reshape(-1)
-        if d.shape[0] <= df.CHUNK_ELEMENTS:
-            parts += _parts(d, r)
+        if d.dim() != 1:
+            d = d.reshape(-1)
+        if r.dim() != 1:
+            r = r.reshape(-1)
+        numel = d.shape[0]
+        if numel <= df.CHUNK_ELEMENTS:
+            figs = df.figures_from_parts([p.item() for p in _parts(d, r)], numel)
+            figs[df.MAX_ABS] += 0.0  # -0.0 -> +0.0 (module docstring)
         else:
             xp = xp if xp is not None else BACKEND.namespace(None)
-            parts += df.leaf_figure_parts(xp, d, r)
-    flat = torch.stack(parts).tolist()
-    out, at = [], 0
-    for d, _r in pairs:
-        numel = d.numel()
-        count = df.part_count(numel)
-        figs = df.figures_from_parts(flat[at : at + count], numel)
-        figs[df.MAX_ABS] += 0.0  # -0.0 -> +0.0 (module docstring)
+            figs = df.figures_from_parts([p.item() for p in df.leaf_figure_parts(xp, d, r)], numel)
+            figs[df.MAX_ABS] += 0.0
         out.append(figs)
-        at += count
     return out

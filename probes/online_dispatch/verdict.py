@@ -9,6 +9,7 @@ probes.core.dispatch_metrics). `figures` is a pure function of tensors, so worke
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -18,6 +19,7 @@ from probes.core import dispatch_figures as df
 from probes.core import dispatch_metrics as dm
 from probes.core import rules
 from probes.core.metrics import finish_single_benchmark
+from probes.core.scaled import error_bound, row_floor, scaled_threshold_for_eps
 from probes.core.thresholds import (
     FLOAT_DTYPES,
     MACHINE_EPS,
@@ -37,54 +39,79 @@ def _eps(t: torch.Tensor) -> float | None:
     return MACHINE_EPS.get(BACKEND.dtype_name(t), torch.finfo(t.dtype).eps)
 
 
+# device dtype -> (machine epsilon, scaled limit, row floor) for the scaled bound; looked up for
+# every output leaf, so worked out once per dtype
+_BOUND_TERMS: dict[torch.dtype, tuple[float | None, float | None, float]] = {}
+
+
+def _bound_terms(t: torch.Tensor) -> tuple[float | None, float | None, float]:
+    terms = _BOUND_TERMS.get(t.dtype)
+    if terms is None:
+        eps = _eps(t)
+        limit = dispatch_scaled_threshold(BACKEND.dtype_name(t))
+        floor = row_floor(eps, scaled_threshold_for_eps(eps)) if eps is not None else 0.0
+        terms = _BOUND_TERMS[t.dtype] = (eps, limit, floor)
+    return terms
+
+
+def _finite(f: list[float]) -> bool:
+    """Every figure finite (df.needs_masked_pass's test), by their sum first: one call where
+    the usual leaf is finite; a sum that overflows is checked figure by figure."""
+    return math.isfinite(sum(f)) or all(map(math.isfinite, f))
+
+
 def figures(pairs: list[tuple[torch.Tensor, torch.Tensor]], scaled: bool = True,
             exact: bool = False) -> list[list[float]]:
     """Host figures of every output pair (df.LEAF_FIGURE_COUNT each: the documented rule's and the
     scaled error, df.NOT_MEASURED without `scaled`).
 
-    One transfer for the documented rule's figures (two when a leaf holds inf/NaN and must be
-    re-measured with masks). The scaled error reads each element in several more passes, so it
-    is first bounded from figures already there (MaxAbsErr over the floor scale, see
-    `scaled.error_bound`): a leaf whose bound is within its threshold keeps the bound as its
-    figure, and only the others (or every float leaf with `exact`, debug=True) are measured, in
-    one more transfer. A clean op pays one division."""
+    One pass of reductions for the documented rule's figures (another when a leaf holds inf/NaN
+    and must be re-measured with masks). The scaled error reads each element in several more
+    passes, so it is first bounded from figures already there (MaxAbsErr over the floor scale,
+    see `scaled.error_bound`): a leaf whose bound is within its threshold keeps the bound as its
+    figure, and only the others (or every float leaf with `exact`, debug=True) are measured. A
+    clean op pays one division. The pairs hold no autograd history (detached copies and results
+    of no_grad re-runs), so no grad mode is set here."""
     if not pairs:
         return []
-    xp = BACKEND.namespace(None)
     n = df.FIGURE_COUNT
-    with torch.no_grad():
-        out = figure_parts.leaf_figures(pairs)
-        for i, (d, r) in enumerate(pairs):
-            if may_overflow(d, r, out[i][df.REF_SQ]):
-                mapped = overflowed_as(r, d)
-                if mapped is not r:  # the rows and dumps show the reference as measured
-                    pairs[i] = (d, mapped)
-                    out[i] = figure_parts.leaf_figures([(d, mapped)])[0]
-        redo = [i for i, f in enumerate(out) if df.needs_masked_pass(f)]
-        if redo:
-            vals = torch.cat([df.masked_leaf_figures(xp, *pairs[i]) for i in redo]).tolist()
-            for j, i in enumerate(redo):
-                out[i] = vals[j * n : (j + 1) * n]
-        measure = []
-        for i, (d, _r) in enumerate(pairs):
-            eps = _eps(d)
-            if not scaled or eps is None:
-                out[i].append(df.NOT_MEASURED if not scaled else 0.0)
-                continue
-            rms = df.reference_rms(out[i])
-            bound = df.scaled_bound(out[i], eps)
-            limit = dispatch_scaled_threshold(BACKEND.dtype_name(d))
-            if not exact and limit is not None and bound <= limit:
-                out[i].append(bound)
-            else:
-                out[i].append(0.0)
-                measure.append((i, eps, rms))
-        if measure:
-            redo_set = set(redo)
-            vals = torch.cat([df.scaled_figure(xp, *pairs[i], eps, masked=i in redo_set, tensor_rms=rms)
-                              for i, eps, rms in measure]).tolist()
-            for (i, _eps_i, _rms), v in zip(measure, vals):
-                out[i][df.SCALED] = v
+    out = figure_parts.leaf_figures(pairs)
+    redo = []
+    for i, (d, r) in enumerate(pairs):
+        f = out[i]
+        if may_overflow(d, r, f[df.REF_SQ]):
+            mapped = overflowed_as(r, d)
+            if mapped is not r:  # the rows and dumps show the reference as measured
+                pairs[i] = (d, mapped)
+                f = out[i] = figure_parts.leaf_figures([(d, mapped)])[0]
+        if not _finite(f):
+            redo.append(i)
+    if redo:
+        xp = BACKEND.namespace(None)
+        vals = torch.cat([df.masked_leaf_figures(xp, *pairs[i]) for i in redo]).tolist()
+        for j, i in enumerate(redo):
+            out[i] = vals[j * n : (j + 1) * n]
+    measure = []
+    for i, (d, _r) in enumerate(pairs):
+        f = out[i]
+        eps, limit, floor = _bound_terms(d)
+        if not scaled or eps is None:
+            f.append(df.NOT_MEASURED if not scaled else 0.0)
+            continue
+        rms = df.reference_rms(f)
+        bound = error_bound(df.max_abs_err(f), rms, eps, floor) if _finite(f) else math.inf
+        if not exact and limit is not None and bound <= limit:
+            f.append(bound)
+        else:
+            f.append(0.0)
+            measure.append((i, eps, rms))
+    if measure:
+        xp = BACKEND.namespace(None)
+        redo_set = set(redo)
+        vals = torch.cat([df.scaled_figure(xp, *pairs[i], eps, masked=i in redo_set, tensor_rms=rms)
+                          for i, eps, rms in measure]).tolist()
+        for (i, _eps_i, _rms), v in zip(measure, vals):
+            out[i][df.SCALED] = v
     return out
 
 

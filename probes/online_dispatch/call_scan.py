@@ -6,7 +6,7 @@ arguments in Python costs a noticeable share of the op, so `scan` answers the th
 (reference.device_under_test and reference.input_bytes are its parts, for the callers that need
 one).
 `other_modes_off` is _disable_current_modes without its cost when no other mode is active, as in
-the usual run.
+the usual run, and `no_grad` is torch.no_grad without its Python layers.
 """
 
 from __future__ import annotations
@@ -25,24 +25,28 @@ _NO_MODES = contextlib.nullcontext()
 
 def scan(args: tuple, kwargs: dict) -> tuple[torch.device | None, bool, int]:
     """(device under test: the first non-CPU tensor's device in reference.device_under_test's
-    order, else CPU, None without tensors; every tensor plain strided; bytes of the tensors)."""
+    order, else CPU, None without tensors; every tensor plain strided; bytes of the tensors).
+    A CPU tensor is told by `is_cpu`, a flag, where `device.type` makes a string (most calls
+    have only CPU tensors, or only the accelerator's)."""
     found: torch.device | None = None
     plain = True
     nbytes = 0
-    stack: list[Any] = [args, kwargs]
+    stack: list[Any] = [args, kwargs] if kwargs else [args]
     while stack:
         x = stack.pop()
         if isinstance(x, torch.Tensor):
-            dev = x.device
-            if dev.type != "cpu":
-                if found is None or found.type == "cpu":
-                    found = dev
-            elif found is None:
-                found = _CPU
-            if x.layout is not _STRIDED or dev.type == "meta" or x.is_quantized or x.is_nested:
-                plain = False
+            if x.is_cpu:
+                if found is None:
+                    found = _CPU
             else:
-                nbytes += x.numel() * x.element_size()
+                if x.is_meta:
+                    plain = False
+                if found is None or found is _CPU:
+                    found = x.device
+            if x.layout is not _STRIDED or x.is_quantized or x.is_nested:
+                plain = False
+            elif plain:
+                nbytes += x.nbytes
         elif isinstance(x, (list, tuple)):
             stack.extend(x)
         elif isinstance(x, dict):
@@ -60,3 +64,20 @@ def other_modes_off(on: bool | None = None) -> contextlib.AbstractContextManager
 
 def other_modes_on() -> bool:
     return torch._C._len_torch_dispatch_stack() != 0 or _len_torch_dispatch_stack_pre_dispatch() != 0
+
+
+class no_grad:  # noqa: N801 (used as torch.no_grad is)
+    """torch.no_grad as a plain context: grad mode off, and back as it was on exit. torch's is
+    several Python layers (a decorator class, its __new__ and __init__), a few microseconds that
+    every compared op paid twice."""
+
+    __slots__ = ("_prev",)
+
+    def __enter__(self) -> None:
+        self._prev = torch.is_grad_enabled()
+        if self._prev:
+            torch._C._set_grad_enabled(False)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._prev:
+            torch._C._set_grad_enabled(True)

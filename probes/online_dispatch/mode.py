@@ -30,7 +30,7 @@ from probes.compiled import capture
 from probes.compiled import runs as graph_runs
 from probes.core.file_names import dispatch_csv_name
 from probes.online_dispatch import leaf_pairs, reference, skip_list, verdict
-from probes.online_dispatch.call_scan import other_modes_off, other_modes_on, scan
+from probes.online_dispatch.call_scan import no_grad, other_modes_off, other_modes_on, scan
 from probes.online_dispatch.call_stack import capture_stack
 from probes.online_dispatch.graph_ops import GraphBackwardOp, GraphInfo, GraphOp, watch_backward
 from probes.online_dispatch.graph_reports import graph_entry
@@ -286,12 +286,12 @@ class OnlineDispatchMode(TorchDispatchMode):
             key = (skip_list.TOO_LARGE, func)
             results.skipped[key] = results.skipped.get(key, 0) + 1
             return func(*args, **kwargs)
+        # the probe's own operators (copies, the reference, figures) run with every other mode
+        # off: a user's mode outside this one (FlopCounterMode, a logger) and a tracer (make_fx)
+        # see the user's op only, as without the probe
+        modes = other_modes_on()
         try:
-            # the probe's own operators (copies, the reference, figures) run with every other
-            # mode off: a user's mode outside this one (FlopCounterMode, a logger) and a tracer
-            # (make_fx) see the user's op only, as without the probe
-            modes = other_modes_on()
-            with torch.no_grad(), other_modes_off(modes):
+            with other_modes_off(modes), no_grad():
                 # pristine copies of written arguments: their input rows and dumps show what the op received
                 ref = reference.build_reference(args, kwargs, float64 or device.type == "cpu", info.half_to_float,
                                                 info.written, keep_pristine=True)
@@ -352,7 +352,7 @@ class OnlineDispatchMode(TorchDispatchMode):
                                   ref.pristine_args if ref.pristine_args is not None else ref.args,
                                   ref.pristine_kwargs if ref.pristine_kwargs is not None else ref.kwargs)
         try:
-            with torch.no_grad():
+            with no_grad():
                 ref_out = info.on_host(*ref.args, **ref.kwargs)
         except Exception as exc:
             self._no_cpu_kernel.add(job.func)

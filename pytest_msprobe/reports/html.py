@@ -1,7 +1,7 @@
 """report.html: the session's self-contained HTML report, built from the summary.json dictionary.
 
-One file that a CI artifact viewer or a mail attachment shows as is: inline CSS, plots as base64
-PNG data URIs, no script and no external resource. It is built from the summary dictionary (never
+One file that a CI artifact viewer or a mail attachment shows as is: inline CSS, plots as inline
+SVG, no script and no external resource. It is built from the summary dictionary (never
 from live probe objects), so an old summary.json can be re-rendered, and the report of an xdist
 run is the report of its merged summary; grad_probe's FP8 health is read from the summary CSVs in
 the dump folders the summary names. Evidence links are relative to the report, so the dump

@@ -1,157 +1,181 @@
-"""The report's plots, as ``<img>`` tags holding base64 PNG data URIs (the page needs no file).
+"""The report's plots, as inline SVG elements (the page needs no file and no script).
 
-matplotlib is imported on the first plot and drawn through its Agg canvas (Figure +
-FigureCanvasAgg, never pyplot), so the user's backend and pyplot's global state are untouched.
-The figures' margins are computed from the label lengths in monospace characters, not by a layout
-engine: as tidy, and about twice as fast on a plot with many labels.
+Drawn with the pieces of `svg` rather than matplotlib, whose import and first render were most of
+what the report cost a session (see docs/performance.md); the sizes, margins, colours and styles
+are the ones the matplotlib figures had at 100 dpi, so the page reads as before. Every element a
+reader or a test may look for carries a class: ``p-bar`` (``p-off`` for a value off the scale),
+``p-ref``, ``p-label``, ``p-value``, ``p-series`` (``p-summary``), ``p-flag``, ``p-legend``,
+``p-axes``.
 """
 
 from __future__ import annotations
 
-import base64
-import io
 import math
 from collections.abc import Sequence
-from typing import Any
 
 from probes.grad_probe.direction_rule import SUMMARY_ROW
-from pytest_msprobe.reports.primitives import DARK_RED, RED, esc, shorten
+from pytest_msprobe.reports.primitives import DARK_RED, RED, shorten
+from pytest_msprobe.reports.svg import (
+    AXIS_PX,
+    ID,
+    LEGEND_ROW_PX,
+    TAB10,
+    TICK_PX,
+    Axes,
+    Canvas,
+    Handle,
+    circle,
+    legend,
+    legend_columns,
+    linear_ticks,
+    log_ticks,
+    num,
+    points,
+    polylines,
+    text_width,
+    tick_room,
+    x_marker,
+    xml_text,
+)
 
 # Bound of the bars of one plot; the table beside it lists the rest.
 PLOT_MAX_BARS = 40
 
-# DejaVu Sans Mono (matplotlib's bundled monospace) is 0.6 em wide: at 8 pt, 4.8 pt a character.
-MONO_FONT = {"family": "monospace", "size": 8}
-MONO_CHAR_IN = 0.6 * 8 / 72
-
-
-def plot_text(text: str) -> str:
-    """A name as matplotlib must get it to draw it literally: every ``$`` escaped (a ``$…$`` pair
-    is mathtext, and a malformed one raises and would cost the whole report), and a leading ``_``
-    kept off the first character (legends drop such labels: torch.compile's ``_orig_mod.``)."""
-    text = text.replace("$", r"\$")
-    return " " + text if text.startswith("_") else text
-
-
-def figure(width_in: float, height_in: float, margins_in: tuple[float, float, float, float]) -> tuple[Any, Any]:
-    """A figure whose axes sit inside fixed margins (left, right, top, bottom; inches)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width_in, height_in), dpi=100)
-    left, right, top, bottom = margins_in
-    fig.subplots_adjust(left=left / width_in, right=1 - right / width_in, top=1 - top / height_in,
-                        bottom=bottom / height_in)
-    return fig, FigureCanvasAgg(fig)
-
-
-def png_img(fig: Any, canvas: Any, alt: str) -> str:
-    """The figure as an ``<img>`` with its pixel size, so the page lays out before it decodes."""
-    buf = io.BytesIO()
-    canvas.print_png(buf)
-    data = base64.b64encode(buf.getvalue()).decode("ascii")
-    w, h = (int(round(v)) for v in fig.get_size_inches() * fig.dpi)
-    return f'<img class="plot" src="data:image/png;base64,{data}" width="{w}" height="{h}" alt="{esc(alt)}">'
+REF_WIDTH = 1.53  # 1.1 pt
+SERIES_WIDTH, SUMMARY_WIDTH = 1.67, 2.78  # 1.2 pt, 2 pt
+HATCH = (f'<pattern id="{ID}-hatch" patternUnits="userSpaceOnUse" width="7" height="7">'
+         f'<rect width="7" height="7" fill="#f3d6d6"/>'
+         f'<path d="M-1,1l2,-2M0,7l7,-7M6,8l2,-2" stroke="{DARK_RED}" stroke-width="0.9"/></pattern>')
 
 
 def hbar_plot(entries: Sequence[tuple[str, float | None, str, str]], *, xlabel: str, log: bool,
               lines: Sequence[tuple[float, str, str]], alt: str) -> str:
     """Horizontal bars, first entry on top. ``entries``: (label, value, value text, colour); a
-    value of None is off the scale (non-finite) and drawn as a hatched bar across the whole axis.
-    The value texts sit in a right-hand column (a twin axis' tick labels), so they never overlap
-    the bars or each other."""
+    value of None (or non-finite) is off the scale and drawn as a hatched bar across the whole
+    axis. ``lines``: (x, linestyle, legend label). The value texts sit in a right-hand column, so
+    they never overlap the bars or each other."""
     n = len(entries)
-    labels = [plot_text(shorten(label)) for label, _, _, _ in entries]
-    texts = [plot_text(text) for _, _, text, _ in entries]
-    left_in = 0.25 + MONO_CHAR_IN * max(map(len, labels), default=0)
-    right_in = 0.25 + MONO_CHAR_IN * max(map(len, texts), default=0)
-    width_in = max(10.0, left_in + right_in + 5.0)
-    top_in, bottom_in = (0.4 if lines else 0.15), 0.6
-    fig, canvas = figure(width_in, 0.27 * n + top_in + bottom_in + 0.1, (left_in, right_in, top_in, bottom_in))
-    ax = fig.add_subplot(1, 1, 1)
-    values = [v for _, v, _, _ in entries if v is not None and (v > 0 or not log)]
-    marks = [x for x, _, _ in lines]
+    labels = [shorten(str(label)) for label, _, _, _ in entries]
+    texts = [str(text) for _, _, text, _ in entries]
+    left = 25 + max((text_width(s, TICK_PX) for s in labels), default=0.0)
+    right = 25 + max((text_width(s, TICK_PX) for s in texts), default=0.0)
+    width = max(1000.0, left + right + 500)
+    top, bottom = (40 if lines else 15), 60
+    height = 27 * n + top + bottom + 10
+    c = Canvas(width, height)
+    vals = [v if v is not None and math.isfinite(v) else None for _, v, _, _ in entries]
+    values = [v for v in vals if v is not None and (v > 0 or not log)]
+    marks = [x for x, _, _ in lines if math.isfinite(x) and (x > 0 or not log)]
     if log:
         span = values + marks or [1.0]
         lo, hi = min(span) / 3.0, max(span) * 3.0
-        ax.set_xscale("log")
     else:
         lo = min(values + marks + [0.0]) - 0.02
         hi = max(values + marks + [1.0]) + 0.01
-    on = [(y, v, colour) for y, (_, v, _, colour) in enumerate(entries) if v is not None]
-    off = [y for y, (_, v, _, _) in enumerate(entries) if v is None]
-    if on:
-        ax.barh([y for y, _, _ in on], [max(v, lo) - lo for _, v, _ in on], left=lo,
-                color=[c for _, _, c in on], height=0.7)
-    if off:
-        ax.barh(off, [hi - lo] * len(off), left=lo, color="#f3d6d6", edgecolor=DARK_RED, hatch="///",
-                height=0.7, linewidth=0.8)
-    for x, style, label in lines:
-        ax.axvline(x, color="black", linestyle=style, linewidth=1.1, label=plot_text(label))
-    ax.set_xlim(lo, hi)
-    ys = list(range(n))
-    for axis, tick_labels in ((ax, labels), (ax.twinx(), texts)):
-        axis.set_ylim(n - 0.5, -0.5)
-        axis.set_yticks(ys)
-        axis.set_yticklabels(tick_labels, fontdict=MONO_FONT)
-        axis.tick_params(axis="y", length=0)
-        axis.spines["top"].set_visible(False)
-    ax.set_xlabel(xlabel, fontsize=9)
-    ax.tick_params(axis="x", labelsize=8)
-    ax.grid(axis="x", color="#dddddd", linewidth=0.6)
-    ax.set_axisbelow(True)
+    # rows are placed by their index (the first on top), not through a y scale
+    ax = Axes(c, left, top, width - right, height - bottom, (lo, hi, log), (0.0, 1.0, False))
+    if log:
+        major, minor = log_ticks(lo, hi)
+        ax.xticks(major, minor, grid="#dddddd", raw=True)
+    else:
+        ax.xticks(linear_ticks(lo, hi, tick_room(ax.right - ax.left, 3)), grid="#dddddd")
+    row = (ax.bottom - ax.top) / max(n, 1)
+    x0 = ax.x(lo)
+    for i, ((_, _, _, colour), v) in enumerate(zip(entries, vals)):
+        y = ax.top + (i + 0.15) * row
+        if v is None:
+            if HATCH not in c.defs:
+                c.defs.append(HATCH)
+            c.add(f'<rect class="p-bar p-off" x="{num(x0)}" y="{num(y)}" width="{num(ax.right - x0)}" '
+                  f'height="{num(0.7 * row)}" fill="url(#{ID}-hatch)" stroke="{DARK_RED}" stroke-width="1.1"/>')
+        else:
+            w = ax.x(max(v, lo)) - x0
+            c.add(f'<rect class="p-bar" x="{num(x0)}" y="{num(y)}" width="{num(w)}" height="{num(0.7 * row)}" '
+                  f'fill="{xml_text(colour)}"/>')
+    for x, style, _ in lines:
+        if math.isfinite(x) and lo <= x <= hi:
+            c.line(ax.x(x), ax.top, ax.x(x), ax.bottom, "#000", REF_WIDTH, style, cls="p-ref")
+    ax.spines("lrb")
+    for i, (label, text) in enumerate(zip(labels, texts)):
+        y = ax.top + (i + 0.5) * row + 0.35 * TICK_PX
+        c.text(ax.left - 5, y, label, anchor="end", mono=True, cls="p-label")
+        c.text(ax.right + 5, y, text, mono=True, cls="p-value")
+    c.text((ax.left + ax.right) / 2, ax.bottom + 38, xlabel, AXIS_PX, "middle")
     if lines:
-        ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=len(lines), frameon=False, fontsize=8,
-                  borderaxespad=0.2)
-    return png_img(fig, canvas, alt)
+        entries_ = [(str(label), ("#000", REF_WIDTH, style, "")) for _, style, label in lines]
+        _, column = legend_columns([label for label, _ in entries_], width, len(entries_), TICK_PX)
+        legend(c, ax.left + 3, ax.top - 30, entries_, len(entries_), column, TICK_PX)
+    return c.svg(alt)
 
 
-def _step_axis(ax: Any, steps: Sequence[int]) -> None:
+def _step_axis(steps: Sequence[int], axes_px: float) -> tuple[float, float, list[tuple[float, str]]]:
     """Steps as the x axis: padded so the end points show, every step ticked when there are few."""
-    if steps:
-        pad = max(0.3, 0.04 * (max(steps) - min(steps)))
-        ax.set_xlim(min(steps) - pad, max(steps) + pad)
-        if len(steps) <= 20:
-            ax.set_xticks(list(steps))
-    ax.set_xlabel("step", fontsize=9)
+    if not steps:
+        return 0.0, 1.0, []
+    pad = max(0.3, 0.04 * (max(steps) - min(steps)))
+    lo, hi = min(steps) - pad, max(steps) + pad
+    if len(steps) <= 20:
+        return lo, hi, [(float(s), str(s)) for s in sorted(set(steps))]
+    return lo, hi, linear_ticks(lo, hi, tick_room(axes_px, 3), integer=True)
+
+
+def _legend_room(labels: Sequence[str], width: float, left: float) -> tuple[int, float, float]:
+    """Columns, column width and the bottom margin that holds the x axis and the legend."""
+    columns, column = legend_columns(labels, width - left - 5)
+    rows = math.ceil(max(len(labels), 1) / columns)
+    return columns, column, 55 + LEGEND_ROW_PX * rows + 10
+
+
+def _series(ax: Axes, steps: Sequence[int], ys: Sequence[float], colour: str, line_width: float,
+            marker: bool, cls: str) -> str:
+    drawn = ""
+    for run in polylines(steps, ys):
+        at = [(ax.x(x), ax.y(y)) for x, y in run]
+        drawn += (f'<polyline points="{points(at)}" fill="none" stroke="{colour}" stroke-width="{line_width}" '
+                  'stroke-linejoin="round" stroke-linecap="round"/>')
+        if marker:
+            drawn += "".join(circle(x, y, colour) for x, y in at)
+    return f'<g class="{cls}">{drawn}</g>'
 
 
 def similarity_plot(steps: Sequence[int], rows: Sequence[tuple[str, Sequence[float], Sequence[int]]],
                     first_step_min: float, alt: str) -> str:
     """One test's similarity-per-step lines; the summary row (if any) is drawn last, black and bold.
     The legend goes under the axes, where it hides no line."""
-    entries = len(rows) + 1 + any(bad for _, _, bad in rows)
-    legend_rows = math.ceil(entries / 3)
-    bottom_in = 0.55 + 0.17 * legend_rows + 0.1
-    fig, canvas = figure(6.2, 3.0 + bottom_in, (0.7, 0.15, 0.12, bottom_in))
-    ax = fig.add_subplot(1, 1, 1)
+    flagged: list[tuple[int, float]] = []
+    for _, ys, bad in rows:
+        at = dict(zip(steps, ys))
+        flagged += [(s, at[s]) for s in bad if s in at and math.isfinite(at[s])]
+    plain = [r for r in rows if r[0] != SUMMARY_ROW]
+    colours = {i: TAB10[i % len(TAB10)] for i in range(len(plain))}
+    entries: list[tuple[str, Handle]] = [(f"first-step min {first_step_min:g}", (RED, 1.39, "--", ""))]
+    entries += [(shorten(name, 34), (colours[i], SERIES_WIDTH, "-", "o")) for i, (name, _, _) in enumerate(plain)]
+    entries += [(shorten(name, 34), ("#000", SUMMARY_WIDTH, "-", "")) for name, _, _ in rows if name == SUMMARY_ROW]
+    entries += [("flagged step", (RED, 0.0, "-", "X"))] if flagged else []
+    width, left = 620.0, 70.0
+    columns, column, bottom = _legend_room([label for label, _ in entries], width, left)
+    c = Canvas(width, 300 + bottom)
     values = [v for _, ys, _ in rows for v in ys if math.isfinite(v)]
     # a fixed [0, 1] range would flatten the drops of a few hundredths that the rule is about
     low = max(-1.05, min(values + [first_step_min]) - 0.02)
-    ax.set_ylim(low, 1.01 + 0.02 * (1.0 - low))
-    ax.axhline(first_step_min, color=RED, linestyle="--", linewidth=1, label=f"first-step min {first_step_min:g}")
-    flagged_x: list[int] = []
-    flagged_y: list[float] = []
-    for name, ys, bad in rows:
-        style = ({"color": "black", "linewidth": 2.0, "zorder": 3} if name == SUMMARY_ROW
-                 else {"linewidth": 1.2, "marker": "o", "markersize": 3})
-        ax.plot(steps, ys, label=plot_text(shorten(name, 34)), **style)
-        at = dict(zip(steps, ys))
-        for s in bad:
-            if s in at and math.isfinite(at[s]):
-                flagged_x.append(s)
-                flagged_y.append(at[s])
-    if flagged_x:
-        ax.plot(flagged_x, flagged_y, linestyle="none", marker="X", color=RED, markersize=10,
-                markeredgecolor="white", markeredgewidth=0.8, label="flagged step", zorder=4)
-    _step_axis(ax, steps)
-    ax.set_ylabel("cosine similarity", fontsize=9)
-    ax.tick_params(labelsize=8)
-    ax.grid(color="#e5e5e5", linewidth=0.6)
-    handles, labels = ax.get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower left", bbox_to_anchor=(0.7 / 6.2, 0.02), ncol=3, fontsize=7,
-               frameon=False, handlelength=1.8, columnspacing=1.2)
-    return png_img(fig, canvas, alt)
+    high = 1.01 + 0.02 * (1.0 - low)
+    xlo, xhi, xticks = _step_axis(steps, width - left - 15)
+    ax = Axes(c, left, 12, width - 15, c.height - bottom, (xlo, xhi, False), (low, high, False))
+    ax.xticks(xticks)
+    gap = ax.yticks(linear_ticks(low, high, tick_room(ax.bottom - ax.top, 2)))
+    clip = ax.clip("c")
+    y = ax.y(first_step_min)
+    drawn = [f'<line class="p-ref" x1="{num(ax.left)}" y1="{num(y)}" x2="{num(ax.right)}" y2="{num(y)}" stroke="{RED}" '
+             f'stroke-width="1.39" stroke-dasharray="5.1,2.2"/>']
+    drawn += [_series(ax, steps, ys, colours[i], SERIES_WIDTH, True, "p-series") for i, (_, ys, _) in enumerate(plain)]
+    drawn += [_series(ax, steps, ys, "#000", SUMMARY_WIDTH, False, "p-series p-summary")
+              for name, ys, _ in rows if name == SUMMARY_ROW]
+    drawn += [x_marker(ax.x(s), ax.y(v), RED) for s, v in flagged]
+    c.add(f'<g{clip}>{"".join(drawn)}</g>')
+    ax.spines()
+    ax.labels("step", "cosine similarity", gap)
+    legend(c, left, ax.bottom + 48, entries, columns, column)
+    return c.svg(alt)
 
 
 def fraction_plot(steps: Sequence[int], panels: Sequence[tuple[str, Sequence[tuple[str, Sequence[float]]]]],
@@ -159,27 +183,28 @@ def fraction_plot(steps: Sequence[int], panels: Sequence[tuple[str, Sequence[tup
     """Side-by-side panels of fractions (0 to 1) per step, one line per name, the same colour for a
     name in every panel; ``panels``: (y label, [(name, values per step)]). One legend under them."""
     names = list(dict.fromkeys(name for _, lines in panels for name, _ in lines))
-    legend_rows = math.ceil(max(len(names), 1) / 3)
-    bottom_in = 0.55 + 0.17 * legend_rows + 0.1
-    width_in = 3.4 * len(panels) + 0.3
-    fig, canvas = figure(width_in, 2.6 + bottom_in, (0.7, 0.15, 0.12, bottom_in))
-    fig.subplots_adjust(wspace=0.35)
-    colours = {name: f"C{i % 10}" for i, name in enumerate(names)}
+    colours = {name: TAB10[i % len(TAB10)] for i, name in enumerate(names)}
+    entries: list[tuple[str, Handle]] = [(shorten(name, 34), (colours[name], SERIES_WIDTH, "-", "o")) for name in names]
+    k = max(len(panels), 1)
+    width, left, right = 340.0 * k + 30, 70.0, 15.0
+    columns, column, bottom = _legend_room([label for label, _ in entries], width, left)
+    c = Canvas(width, 260 + bottom)
+    panel = (width - left - right) / (k + 0.35 * (k - 1))  # matplotlib's wspace=0.35
     for i, (ylabel, lines) in enumerate(panels):
-        ax = fig.add_subplot(1, len(panels), i + 1)
         values = [v for _, ys in lines for v in ys if math.isfinite(v)]
-        top = max(values + [0.0])
         # a fraction of a few thousandths must not lie flat on the axis, nor a zero look like noise
-        top = max(top, 0.01)
-        ax.set_ylim(-0.02 * top, 1.08 * top)
-        for name, ys in lines:
-            ax.plot(steps, ys, color=colours[name], linewidth=1.2, marker="o", markersize=3,
-                    label=plot_text(shorten(name, 34)) if i == 0 else None)
-        _step_axis(ax, steps)
-        ax.set_ylabel(ylabel, fontsize=9)
-        ax.tick_params(labelsize=8)
-        ax.grid(color="#e5e5e5", linewidth=0.6)
-    handles, labels = fig.axes[0].get_legend_handles_labels() if fig.axes else ([], [])
-    fig.legend(handles, labels, loc="lower left", bbox_to_anchor=(0.7 / width_in, 0.02), ncol=3, fontsize=7,
-               frameon=False, handlelength=1.8, columnspacing=1.2)
-    return png_img(fig, canvas, alt)
+        top = max(values + [0.01])
+        x0 = left + i * 1.35 * panel
+        xlo, xhi, xticks = _step_axis(steps, panel)
+        ax = Axes(c, x0, 12, x0 + panel, c.height - bottom, (xlo, xhi, False), (-0.02 * top, 1.08 * top, False))
+        c.add('<g class="p-axes">')
+        ax.xticks(xticks)
+        gap = ax.yticks(linear_ticks(-0.02 * top, 1.08 * top, tick_room(ax.bottom - ax.top, 2)))
+        clip = ax.clip(f"c{i}")
+        c.add(f'<g{clip}>' + "".join(_series(ax, steps, ys, colours[name], SERIES_WIDTH, True, "p-series")
+                                      for name, ys in lines) + "</g>")
+        ax.spines()
+        ax.labels("step", ylabel, gap)
+        c.add("</g>")
+    legend(c, left, c.height - bottom + 48, entries, columns, column)
+    return c.svg(alt)

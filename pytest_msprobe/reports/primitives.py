@@ -1,6 +1,6 @@
 """The report's building blocks: escaping, formatting, tables, badges, cards and evidence links.
 
-A leaf (no section, no plot, no matplotlib) so that every section, the catalogue's included, draws
+A leaf (no section, no plot) so that every section, the catalogue's included, draws
 with the same pieces without importing the page that assembles them. Every string from a session
 goes through `esc`: API names, test ids, paths and messages come from user code. Cells handed to
 `table` are HTML already, escaped by whoever built them.

@@ -179,5 +179,5 @@ def test_session_summary_and_html_report(suite):
     assert summary["tests"]["test_suite.py::test_risky"]["outcome"] == "failed"
     assert summary["tests"]["test_suite.py::test_clean"]["outcome"] == "passed"
     html = (dump / "report.html").read_text()
-    assert "expm1" in html and "data:image/png;base64," in html
+    assert "expm1" in html and '<svg class="plot"' in html and "worst error per API relative to its threshold" in html
     result.stdout.fnmatch_lines([f"report: {dump / 'report.html'}"])

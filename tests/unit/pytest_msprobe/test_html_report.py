@@ -1,17 +1,16 @@
 """report.html, built from what real runs wrote: a small suite runs under each task (a subprocess
 pytest per task) and each report is rendered from its summary.json. The page is self-contained
-(escaped, no scripts, no external resources), its plots decode as PNGs, its evidence links
+(escaped, no scripts, no external resources), its plots parse as SVG and draw the session's
+figures (a bar per API or op, an off-scale one hatched, flagged steps marked), its evidence links
 resolve, its figures are the session's (a clean API's margin, every op's calls compared, grad_probe's
 FP8 health read back from its CSVs), a summary row missing a field fails by name, and a screenshot in headless Chromium is the
 requested size and not blank."""
 
 from __future__ import annotations
 
-import base64
 import copy
 import csv
 import html
-import io
 import json
 import os
 import re
@@ -20,6 +19,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -29,13 +29,14 @@ from repo_paths import REPO, SUPPORT
 from probes.core.errors import ConfigError
 from probes.core.session_tables import COMPARED_BY_OP, SummaryFormatError
 from pytest_msprobe.reports.html import render_html
-from pytest_msprobe.reports.plots import PLOT_MAX_BARS, plot_text
+from pytest_msprobe.reports.plots import PLOT_MAX_BARS
 from pytest_msprobe.testing.browser import find_chromium, screenshot
 
 Image = pytest.importorskip("PIL.Image")
 np = pytest.importorskip("numpy")
 
-IMG = re.compile(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"')
+SVG = re.compile(r"<svg\b.*?</svg>", re.S)
+NS = "{http://www.w3.org/2000/svg}"
 TESTS = SUPPORT
 
 FB_SUITE = {
@@ -185,14 +186,35 @@ def section(page: str, name: str) -> str:
     return match.group(1)
 
 
-def decoded_pngs(page: str) -> list:
-    images = []
-    for data in IMG.findall(page):
-        im = Image.open(io.BytesIO(base64.b64decode(data, validate=True)))
-        assert im.format == "PNG"
-        im.load()  # raises on a truncated or corrupt stream
-        images.append(im)
-    return images
+def plots_of(page: str) -> list[ET.Element]:
+    """Every plot of a page, parsed as XML (a name that escaped its escaping fails here), each with
+    its accessible name (aria-label and title) and its pixel size."""
+    plots = []
+    for text in SVG.findall(page):
+        root = ET.fromstring(text)
+        assert root.tag == f"{NS}svg" and root.get("role") == "img" and root.get("class") == "plot"
+        assert root.findtext(f"{NS}title") == root.get("aria-label") != ""
+        w, h = int(root.get("width")), int(root.get("height"))
+        assert root.get("viewBox") == f"0 0 {w} {h}"
+        plots.append(root)
+    return plots
+
+
+def having(root: ET.Element, cls: str) -> list[ET.Element]:
+    """A plot's elements of one kind (plots.py names them: p-bar, p-off, p-ref, p-label, ...)."""
+    return [e for e in root.iter() if cls in (e.get("class") or "").split()]
+
+
+def texts(root: ET.Element, cls: str) -> list[str]:
+    return ["".join(e.itertext()).replace("\u00a0", " ") for e in having(root, cls)]
+
+
+def size(root: ET.Element) -> tuple[int, int]:
+    return int(root.get("width")), int(root.get("height"))
+
+
+def bar_end(bar: ET.Element) -> float:
+    return float(bar.get("x")) + float(bar.get("width"))
 
 
 def rows_of(sec: str) -> list[str]:
@@ -227,8 +249,15 @@ def test_free_benchmark_report_shows_every_apis_margin_and_the_probe_error(runs,
         assert row["worst_score"] is not None and row["dtypes"]
         assert shown[api][1:] == [str(row["checked"]), f"{row['worst_score']:.3g}\u00d7", ", ".join(row["dtypes"])]
     assert "torch.bfloat16" in text_of(apis)
-    (plot,) = decoded_pngs(apis)  # flagged and clean APIs on one axis
-    assert plot.size[1] > 150 and np.asarray(plot.convert("L")).std() > 10
+    (plot,) = plots_of(apis)  # flagged and clean APIs on one axis, the flagged one on top
+    assert texts(plot, "p-label") == ["Torch.expm1"] + sorted(clean, key=lambda a: -clean[a]["worst_score"])
+    bars = having(plot, "p-bar")
+    assert len(bars) == len(clean) + 1 and not having(plot, "p-off") and size(plot)[1] > 150
+    (line,) = having(plot, "p-ref")  # right of the threshold line is beyond the threshold
+    threshold = float(line.get("x1"))
+    assert max(bar_end(b) for b in bars[1:]) < threshold < bar_end(bars[0])
+    assert texts(plot, "p-legend") == ["threshold"]
+    assert re.fullmatch(r"0\.\d+  \([0-9.]+\u00d7 threshold\)", texts(plot, "p-value")[0])
     errors = text_of(section(page, "errors"))
     assert "test_fb.py::test_probe_fails_at_stop" in errors
     assert "probe stop: RuntimeError: the tensor may have escaped" in errors
@@ -259,7 +288,11 @@ def test_online_dispatch_report_counts_what_the_session_compared(runs, tmp_path)
     assert "no op was compared" not in ops
     assert f"1 of {len(summary['ops'])} ops failed the comparison ({compared} calls compared" in ops
     assert rows_of(section(page, "ops"))[0] == "seeded_dispatch.scaled_tanh.default"
-    assert len(decoded_pngs(section(page, "ops"))) == 1
+    (plot,) = plots_of(section(page, "ops"))  # the failing op's worst cosine, against both thresholds
+    assert texts(plot, "p-label") == ["seeded_dispatch.scaled_tanh.default"] and len(having(plot, "p-bar")) == 1
+    assert texts(plot, "p-legend") == ["cosine 0.99", "cosine 0.9"]
+    tight, loose = (float(r.get("x1")) for r in having(plot, "p-ref"))
+    assert bar_end(having(plot, "p-bar")[0]) < loose < tight
     per_test = [json.loads(p.read_text()) for p in Path(summary["config"]["dump_path"]).glob("tests/*/msprobe_*/summary.json")]
     assert per_test and all(COMPARED_BY_OP in s for s in per_test)
     by_op: dict[str, int] = {}
@@ -290,7 +323,11 @@ def test_grad_probe_report_names_the_parameter_and_its_step(runs, tmp_path):
     sims = text_of(section(page, "similarities"))
     assert "1 of 1 comparison(s) flagged" in sims and "flagged at step 0, 2" in sims
     assert "step 2 \u00b7 0.weight: similarity 0.93 dropped by 0.068 > 0.03 from 0.998 at step 1" in sims
-    assert len(decoded_pngs(page)) == 1
+    (plot,) = plots_of(page)
+    assert plot.get("aria-label") == "gradient similarity per step: test_grad.py::test_clean vs golden"
+    assert len(having(plot, "p-series")) == 2 and len(having(plot, "p-summary")) == 1
+    assert texts(plot, "p-legend") == ["first-step min 0.9995", "0.weight", "summary", "flagged step"]
+    assert len(having(plot, "p-flag")) == 4  # both lines at step 0 (below 0.9995) and at step 2 (a drop)
 
 
 def _csv_column(folder: str, column: str) -> dict[str, list[float]]:
@@ -323,10 +360,15 @@ def test_grad_probe_report_plots_fp8_health_worst_parameter_first(fp8_run, tmp_p
     assert {tuple(r[:3]) for r in rows} == expected and len(rows) == len(expected) == (4 + 2) * 2
     assert "12 parameter \u00d7 format figures" in text_of(fp8)
     # a plot per optimizer and format that loses something; the others are named, not drawn flat
-    alts = re.findall(r'<img class="plot"[^>]* alt="([^"]*)"', fp8)
-    assert alts == ["FP8 health per step: test_fp8.py::test_outlier_feature float8_e4m3fn"]
-    (im,) = decoded_pngs(fp8)
-    assert im.size[0] >= 400 and np.asarray(im.convert("L")).std() > 10
+    (plot,) = plots_of(fp8)
+    assert plot.get("aria-label") == "FP8 health per step: test_fp8.py::test_outlier_feature float8_e4m3fn"
+    assert size(plot)[0] >= 400
+    params = texts(plot, "p-legend")  # one legend, the parameter that loses the most first
+    assert params[0] == "0.weight" and sorted(params) == sorted(_csv_column(folder, "float8_e4m3fn underflow"))
+    panels = having(plot, "p-axes")  # underflow and saturated, a parameter's colour the same in both
+    assert len(panels) == 2 and all(len(having(p, "p-series")) == len(params) for p in panels)
+    colours = [[g.find(f"{NS}polyline").get("stroke") for g in having(p, "p-series")] for p in panels]
+    assert colours[0] == colours[1] and len(set(colours[0])) == len(params)
     assert ("3 series lose no element at any step (test_fp8.py::test_outlier_feature float8_e5m2, "
             "test_fp8.py::test_plain_layer float8_e4m3fn, test_fp8.py::test_plain_layer float8_e5m2)") in text_of(fp8)
     # a dump that is gone costs the section, not the report
@@ -393,7 +435,10 @@ def test_a_clean_session_says_nothing_flagged_and_shows_its_margins(runs, tmp_pa
     assert len(scores) >= 3
     shown = [float(x) for x in re.findall(r"<td>([0-9.e+-]+)\u00d7</td>", apis)]
     assert shown == sorted(shown, reverse=True) and len(shown) == len(scores)  # closest first
-    assert len(decoded_pngs(apis)) == 1 and 'alt="worst error per API relative to its threshold"' in apis
+    (plot,) = plots_of(apis)
+    assert plot.get("aria-label") == "worst error per API relative to its threshold"
+    assert len(having(plot, "p-bar")) == len(scores) and max(map(bar_end, having(plot, "p-bar"))) < float(
+        having(plot, "p-ref")[0].get("x1"))  # every bar short of the threshold
 
 
 @pytest.fixture(scope="module")
@@ -413,13 +458,20 @@ def realistic_report(runs, tmp_path_factory) -> Path:
 
 def test_realistic_report_is_self_contained_with_valid_plots(realistic_report):
     page = realistic_report.read_text(encoding="utf-8")
-    images = decoded_pngs(page)
-    assert len(images) == 4  # worst error per API, failing ops, two similarity plots
-    for im in images:
-        assert im.size[0] >= 400 and im.size[1] >= 100
-        assert np.asarray(im.convert("L")).std() > 10  # something is drawn
+    plots = plots_of(page)
+    sim = "gradient similarity per step: test_fb.py::"
+    assert [p.get("aria-label") for p in plots] == [
+        "worst error per API relative to its threshold", f"{sim}test_clean_model vs golden",
+        f"{sim}test_risky vs golden", "worst cosine per failing op"]
+    for plot in plots:
+        assert size(plot)[0] >= 400 and size(plot)[1] >= 100
+        assert having(plot, "p-bar") or having(plot, "p-series")  # something is drawn
     assert "<script" not in page.lower()
-    assert not re.search(r'(src|href)="(https?:)?//', page) and "<link" not in page and "url(" not in page
+    assert not re.search(r'(src|href)="(https?:)?//', page) and "<link" not in page and "<img" not in page
+    # a plot's only references are to its own clip paths and patterns, never to another resource
+    ids = re.findall(r' id="([^"]+)"', page)
+    refs = re.findall(r"url\(([^)]*)\)", page)
+    assert refs and all(r.startswith("#") and r[1:] in ids for r in refs) and len(ids) == len(set(ids))
     text = text_of(page)
     for expected in ("Torch.expm1", "flagged at step 3", "directions close", "seeded_dispatch.scaled_tanh.default",
                      "torch 2.", "improve_precision", "probe stop: RuntimeError"):
@@ -468,14 +520,18 @@ def test_hostile_strings_are_escaped(runs, tmp_path):
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page.replace("<wbr>", "")
     hrefs = re.findall(r'href="([^"]*)"', page)
     assert hrefs and not any(re.match(r"[a-z]+:", h) for h in hrefs)  # no scheme can be injected
-    assert len(decoded_pngs(page)) == 3
+    plots = plots_of(page)  # they parse: every name escaped in them too
+    assert len(plots) == 3 and "</script>" not in page
+    apis, sims, ops = plots
+    assert evil in texts(apis, "p-label") and evil in texts(ops, "p-label") and evil in texts(sims, "p-legend")
+    assert sims.get("aria-label") == f"gradient similarity per step: {nodeid}"
 
 
 @pytest.mark.parametrize("tool", ["free_benchmark", "grad_probe", "online_dispatch"])
 def test_empty_session(tmp_path, tool):
     page = render_html({"tool": tool}, tmp_path / "report.html").read_text(encoding="utf-8")
     assert "No test ran under the probe." in page
-    assert "<img" not in page
+    assert "<svg" not in page and "<img" not in page
     assert f"msprobe report: {tool}" in page
 
 
@@ -490,7 +546,11 @@ def test_many_failing_ops_cap_the_plot_not_the_table(runs, tmp_path):
     assert f"The plot shows the {PLOT_MAX_BARS} worst ops; 6 more are in the table." in text
     rows = rows_of(section(page, "ops"))
     assert rows[:3] == ["aten.div.Tensor", "aten.op0.default", "aten.op1.default"] and len(rows) == 46
-    assert len(decoded_pngs(page)) == 1
+    (plot,) = plots_of(page)
+    bars = having(plot, "p-bar")
+    assert len(bars) == PLOT_MAX_BARS and texts(plot, "p-label") == rows[:PLOT_MAX_BARS]
+    assert having(plot, "p-off") == bars[:1]  # the NaN cosine: hatched across the axis, not a bar of 0
+    assert bar_end(bars[0]) > max(map(bar_end, bars[1:])) and bar_end(bars[1]) < bar_end(bars[2])
 
 
 def test_large_free_benchmark_session_caps_the_plot(runs, tmp_path):
@@ -500,11 +560,12 @@ def test_large_free_benchmark_session_caps_the_plot(runs, tmp_path):
     page = render(dict(summary, apis=apis), tmp_path / "report.html")
     text = text_of(section(page, "apis"))
     assert f"The plot shows the {PLOT_MAX_BARS} APIs nearest or beyond their thresholds; 60 more are in the tables." in text
-    (plot,) = decoded_pngs(section(page, "apis"))
+    (plot,) = plots_of(section(page, "apis"))
     short = render(dict(summary, apis=dict(list(apis.items())[:5])), tmp_path / "short.html")
-    (small,) = decoded_pngs(section(short, "apis"))
-    assert plot.size[1] > 4 * small.size[1]  # 40 bars, not 5, and not 100
-    assert plot.size[1] < 16 * small.size[1]
+    (small,) = plots_of(section(short, "apis"))
+    assert len(having(plot, "p-bar")) == PLOT_MAX_BARS and len(having(small, "p-bar")) == 5  # not 100
+    assert texts(plot, "p-label")[0] == "Torch.api_99"  # the farthest beyond its threshold first
+    assert size(plot)[1] > 4 * size(small)[1]
 
 
 def test_evidence_links_resolve_from_the_report(runs, tmp_path):
@@ -543,24 +604,29 @@ def test_unknown_tool_is_a_config_error(tmp_path, bad):
     assert not (tmp_path / "report.html").exists()
 
 
-def test_matplotlib_is_lazy_and_pyplot_untouched(runs, tmp_path):
-    summary = tmp_path / "summary.json"
-    summary.write_text(json.dumps(_summary(runs, "online_dispatch")))
+def test_the_report_never_imports_matplotlib(runs, tmp_path):
+    """The plots are SVG text: a session's report must not pay for matplotlib's import and first
+    render (~0.6 s, most of what the report cost a suite of small tests)."""
+    summary = _summary(runs, "free_benchmark")
+    summary["ops"] = _summary(runs, "online_dispatch")["ops"]
+    summary["similarities"] = {"t vs golden": {"steps": [0, 1], "params": {"w": [1.0, 0.9]}}}
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps(summary))
     code = textwrap.dedent(f"""
         import json, sys
         from pytest_msprobe.reports.html import render_html
+        page = render_html(json.load(open({str(path)!r})), {str(tmp_path / 'r.html')!r}).read_text()
+        assert page.count("<svg ") == 3, page.count("<svg ")
         assert "matplotlib" not in sys.modules
-        render_html(json.load(open({str(summary)!r})), {str(tmp_path / 'r.html')!r})
-        assert "matplotlib" in sys.modules and "matplotlib.pyplot" not in sys.modules
     """)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
 
 
-def test_names_matplotlib_would_misread_are_drawn_literally(runs, tmp_path):
-    """A ``$…$`` pair (mathtext; a malformed one raises) and a leading ``_`` (legends drop such
-    labels: torch.compile's ``_orig_mod.``) must neither lose the report nor vanish from a plot."""
-    nodeid = "tests/x.py::test_cost[$x$-$\\frac{1}{$]"
+def test_names_are_drawn_literally(runs, tmp_path):
+    """Names that matplotlib misread (a ``$…$`` pair was mathtext, a leading ``_`` dropped a legend
+    entry: torch.compile's ``_orig_mod.``) and markup characters are drawn as they are."""
+    nodeid = "tests/x.py::test_cost[$x$-$\\frac{1}{$ & <b>]"
     param = "_orig_mod.layers.0.weight"
     summary = _summary(runs, "free_benchmark")
     summary["apis"] = _renamed(summary["apis"], "Torch.expm1", "Functional.$gelu$")
@@ -568,18 +634,10 @@ def test_names_matplotlib_would_misread_are_drawn_literally(runs, tmp_path):
     summary["similarities"] = {nodeid: {"steps": [0, 1, 2], "params": {param: [1.0, 0.99, 0.5],
                                                                        "$\\frac{1}{$": [1.0, 1.0, 1.0]}}}
     page = render(summary, tmp_path / "report.html")
-    assert len(decoded_pngs(page)) == 2
-    assert plot_text(param) != param and plot_text(param).strip() == param
-    assert plot_text("$x$") == r"\$x\$"
-    # the legend keeps the underscored name
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure()
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
-    ax.plot([0, 1], [0, 1], label=plot_text(param))
-    assert [t.get_text() for t in ax.legend().get_texts()] == [" " + param]
+    apis, sims = plots_of(page)
+    assert texts(apis, "p-label")[0] == "Functional.$gelu$"
+    assert texts(sims, "p-legend")[1:3] == [param, "$\\frac{1}{$"]
+    assert sims.get("aria-label") == f"gradient similarity per step: {nodeid}"
 
 
 def fake_browser(tmp_path: Path, body: str) -> str:

@@ -23,11 +23,12 @@ from probes.core.config import ProbeConfig
 from probes.core.errors import NotMeasurable, ProbeError
 from probes.core.leaf_verdicts import StructureMismatch, drive
 from probes.core.metrics import RatioVerdict
-from probes.core.trees import iter_leaves, tree_map
+from probes.core.trees import tree_map
 from probes.free_benchmark import exclusions
 from probes.free_benchmark.backward import PASS_ENTRIES, BackwardCheck
 from probes.free_benchmark.compare import compare_outputs, comparison, equal_at_once
 from probes.free_benchmark.deferred import VerdictQueue, held_bytes
+from probes.free_benchmark.fix_handler import substitute
 from probes.free_benchmark.fp8 import with_range_use
 from probes.free_benchmark.ledger import ApiStats, Ledger
 from probes.free_benchmark.perturbations import Cancelled, Perturbation, PerturbedCall, make_perturbation
@@ -85,6 +86,7 @@ class CallPath:
         # judges each call at once (its thresholds move with every sample)
         self.verdicts = VerdictQueue(backend)
         self._optimizer_steps = 0  # > 0 while an optimizer step runs (frameworks that can tell set it)
+        self._optimizer_calls: dict[str, int] = {}  # API key -> calls in the optimizer step now running
         self._equal_at_once = self.fb.pert_mode == "no_change" and self.fb.rule == "reference"  # (_judge)
 
     def enable_preheat(self) -> None:
@@ -111,8 +113,9 @@ class CallPath:
         backward = self.backward
         if backward is not None and backward.opened() and key not in FP8_CASTS and not backward.fp8_vjp(args, kwargs):
             return original(*args, **kwargs)  # a backward pass opened for its FP8 matmuls only (backward.py)
-        if self._optimizer_steps:
-            self.ledger.skip(key, exclusions.IN_OPTIMIZER_STEP)
+        if self._optimizer_steps:  # counted here, told to the ledger when the step ends (hundreds a step)
+            calls = self._optimizer_calls
+            calls[key] = calls.get(key, 0) + 1
             return original(*args, **kwargs)
         if meta.exclusion is not None:
             self.ledger.skip(key, meta.exclusion)
@@ -226,7 +229,7 @@ class CallPath:
                 self.ledger.skip(meta.key, why)
                 return
         if self.fb.handler_type == "fix":  # fix substitutes; it writes no rows (as the reference)
-            self._fix(out, pert_out)
+            substitute(b, out, pert_out)
             self.ledger.fixed(stats)
             return
         # figures are plain tensors computed outside any torch.func transform (on the values
@@ -353,22 +356,6 @@ class CallPath:
                           bool(d.get("inf_mismatch")))
         return replace(v, consistent=rv.consistent(t), threshold=round(t - 1.0, 12))
 
-    def _fix(self, out: Any, pert_out: Any) -> None:
-        """Substitute the upcast result in the user's output tensors (their autograd graph is
-        kept). Every replacement is computed before any is assigned, so a failure leaves the
-        output whole (msprobe's fix left it half-modified)."""
-        b = self.backend
-        pairs = []
-        pert_leaves = dict(iter_leaves(pert_out))
-        for path, leaf in iter_leaves(out):
-            new = pert_leaves.get(path)
-            if b.is_tensor(leaf) and b.is_float(leaf) and b.is_tensor(new):
-                if b.shape(new) != b.shape(leaf):
-                    raise StructureMismatch(f"fix: output {path} has shape {b.shape(new)}, expected {b.shape(leaf)}")
-                pairs.append((leaf, b.cast_like(new, leaf)))
-        for leaf, new in pairs:
-            b.replace_data(leaf, new)
-
     # failures and the run's files -------------------------------------------------------------
     def cancelled_by_framework(self, key: str, name: str, exc: BaseException) -> bool:
         """True when `exc` means the framework cannot run this check (recorded as a skip)."""
@@ -391,6 +378,10 @@ class CallPath:
             self._optimizer_steps = 0
         else:
             self._optimizer_steps = self._optimizer_steps + 1 if entering else max(0, self._optimizer_steps - 1)
+        if not self._optimizer_steps and self._optimizer_calls:
+            calls, self._optimizer_calls = self._optimizer_calls, {}
+            for key, count in calls.items():
+                self.ledger.skip(key, exclusions.IN_OPTIMIZER_STEP, count)
 
 
 def _cloner(backend: Any) -> Callable[[Any], Any]:

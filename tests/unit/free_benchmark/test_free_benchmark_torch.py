@@ -392,6 +392,31 @@ def test_calls_inside_optimizer_step_are_left_out_with_the_reason(fb_config):
     assert dbg.summary()["apis"]["Functional.linear"]["checked"] == 4
 
 
+def test_every_call_left_out_of_an_optimizer_step_is_counted(fb_config):
+    """The calls of an optimizer step are counted per API and call (told to the ledger when the
+    step ends, or when a step that raised is closed at stop()), as many each step."""
+    torch.manual_seed(0)
+    lin = nn.Linear(8, 8)
+    x = torch.randn(4, 8)
+    opt = torch.optim.Adam(lin.parameters(), foreach=False)
+    dbg = PrecisionDebugger(config=fb_config(pert_mode="no_change"))
+    counts = []
+    for _ in range(3):  # (the first step also makes the optimizer's state)
+        with dbg:
+            opt.zero_grad()
+            lin(x).square().sum().backward()
+            opt.step()
+        counts.append(dict(dbg.summary()["not_checked"][exclusions.IN_OPTIMIZER_STEP]))
+    assert counts[0]["Tensor.lerp_"] == 2  # one per parameter (weight, bias)
+    second = {api: n - counts[0].get(api, 0) for api, n in counts[1].items()}
+    assert {api: counts[1].get(api, 0) + n for api, n in second.items()} == counts[2]
+    with pytest.raises(RuntimeError, match="optimizer failed"):
+        with dbg:
+            _RaisingSGD(lin.parameters(), lr=0.1).step()
+    after = dbg.summary()["not_checked"][exclusions.IN_OPTIMIZER_STEP]
+    assert any(after[api] > counts[1].get(api, 0) for api in after), "the raising step's calls were dropped"
+
+
 @pytest.mark.parametrize("fix", [False, True])
 def test_vector_norm_with_a_dtype_argument_under_improve_precision(fb_config, fix):
     """vector_norm(bf16 x, dtype=float32): the upcast re-run keeps the dtype argument, the call is

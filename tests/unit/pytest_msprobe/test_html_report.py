@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 from grad_suites import TORCH_SUITE as GRAD_TORCH_SUITE
 from repo_paths import REPO, SUPPORT
+from svg_plots import NS, having, parsed, texts
 
 from probes.core.errors import ConfigError
 from probes.core.session_tables import COMPARED_BY_OP, SummaryFormatError
@@ -36,7 +37,6 @@ Image = pytest.importorskip("PIL.Image")
 np = pytest.importorskip("numpy")
 
 SVG = re.compile(r"<svg\b.*?</svg>", re.S)
-NS = "{http://www.w3.org/2000/svg}"
 TESTS = SUPPORT
 
 FB_SUITE = {
@@ -187,26 +187,8 @@ def section(page: str, name: str) -> str:
 
 
 def plots_of(page: str) -> list[ET.Element]:
-    """Every plot of a page, parsed as XML (a name that escaped its escaping fails here), each with
-    its accessible name (aria-label and title) and its pixel size."""
-    plots = []
-    for text in SVG.findall(page):
-        root = ET.fromstring(text)
-        assert root.tag == f"{NS}svg" and root.get("role") == "img" and root.get("class") == "plot"
-        assert root.findtext(f"{NS}title") == root.get("aria-label") != ""
-        w, h = int(root.get("width")), int(root.get("height"))
-        assert root.get("viewBox") == f"0 0 {w} {h}"
-        plots.append(root)
-    return plots
-
-
-def having(root: ET.Element, cls: str) -> list[ET.Element]:
-    """A plot's elements of one kind (plots.py names them: p-bar, p-off, p-ref, p-label, ...)."""
-    return [e for e in root.iter() if cls in (e.get("class") or "").split()]
-
-
-def texts(root: ET.Element, cls: str) -> list[str]:
-    return ["".join(e.itertext()).replace("\u00a0", " ") for e in having(root, cls)]
+    """Every plot of a page, parsed (svg_plots.parsed)."""
+    return [parsed(text) for text in SVG.findall(page)]
 
 
 def size(root: ET.Element) -> tuple[int, int]:

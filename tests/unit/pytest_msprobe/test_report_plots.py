@@ -10,31 +10,13 @@ import re
 import xml.etree.ElementTree as ET
 
 import pytest
+from svg_plots import NS, having, parsed, texts
 
 from probes.grad_probe.direction_rule import SUMMARY_ROW
 from pytest_msprobe.reports.plots import fraction_plot, hbar_plot, similarity_plot
 from pytest_msprobe.reports.svg import TAB10, linear_ticks, log_ticks, xml_text
 
-NS = "{http://www.w3.org/2000/svg}"
 HOSTILE = 'Torch.<script>&"$x$\'_</svg>'
-
-
-def parsed(svg: str) -> ET.Element:
-    """A plot as the XML it must be, with its accessible name checked."""
-    root = ET.fromstring(svg)
-    assert root.tag == f"{NS}svg" and root.get("role") == "img" and root.get("class") == "plot"
-    assert root.findtext(f"{NS}title") == root.get("aria-label") != ""
-    w, h = int(root.get("width")), int(root.get("height"))
-    assert w > 0 and h > 0 and root.get("viewBox") == f"0 0 {w} {h}"
-    return root
-
-
-def having(root: ET.Element, cls: str) -> list[ET.Element]:
-    return [e for e in root.iter() if cls in (e.get("class") or "").split()]
-
-
-def texts(root: ET.Element, cls: str) -> list[str]:
-    return ["".join(e.itertext()).replace("\u00a0", " ") for e in having(root, cls)]
 
 
 def centre(marker: ET.Element) -> tuple[float, float]:

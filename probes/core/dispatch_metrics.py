@@ -209,7 +209,7 @@ def judge(figures: list[float], numel: int, dtype_name: str, floor: float, rule:
     op is a fused backward whose limit is wider (thresholds.dispatch_scaled_threshold).
     """
     count = figures[FINITE_COUNT]
-    max_abs = max_abs_err(figures)
+    max_abs = figures[MAX_ABS] if count > 0 else 0.0  # max_abs_err
     max_rel: float | str = ""  # evidence, measured for failing leaves by the caller
     use_reference = rule in (rules.REFERENCE, rules.BOTH)
     use_scaled = rule in (rules.SCALED, rules.BOTH)
@@ -218,8 +218,6 @@ def judge(figures: list[float], numel: int, dtype_name: str, floor: float, rule:
     if figure is not None and figure < 0.0:  # NOT_MEASURED
         figure = None
     ulps = scaled_ulps(figure, dtype_name) if figure is not None else ""
-    common = dict(floor=floor, scaled_ulps=ulps)
-    every_rule = rule_label(use_reference, use_scaled)
     messages = []
     if numel == 1:
         cosine: float | str = "unsupported"
@@ -234,16 +232,17 @@ def judge(figures: list[float], numel: int, dtype_name: str, floor: float, rule:
             messages.append(msg)
     if figures[NONFINITE_MISMATCH] > 0:
         messages.append(f"inf/nan differ at {int(figures[NONFINITE_MISMATCH])} positions")
-        return LeafVerdict(cosine, max_abs, max_rel, NO, "; ".join(messages), failed_rule=every_rule, **common)
+        return LeafVerdict(cosine, max_abs, max_rel, NO, "; ".join(messages), floor,
+                           rule_label(use_reference, use_scaled), ulps)
     if count == 0:
         messages.append("no finite values; inf/nan positions agree")
-        return LeafVerdict(cosine, 0.0, 0.0, YES, "; ".join(messages), **common)
+        return LeafVerdict(cosine, 0.0, 0.0, YES, "; ".join(messages), floor, "", ulps)
     if exact:
         accuracy = YES if max_abs == 0 else NO
         if accuracy == NO:
             messages.append("integer/bool values differ")
-        return LeafVerdict(cosine, max_abs, max_rel, accuracy, "; ".join(messages),
-                           failed_rule=every_rule if accuracy == NO else "", **common)
+        return LeafVerdict(cosine, max_abs, max_rel, accuracy, "; ".join(messages), floor,
+                           rule_label(use_reference, use_scaled) if accuracy == NO else "", ulps)
     literal_fail = use_reference and (effective is None or rule_fails(effective, max_abs))
     threshold = dispatch_scaled_threshold(dtype_name, chained)
     scaled_fail = use_scaled and figure is not None and threshold is not None and figure > threshold
@@ -252,10 +251,10 @@ def judge(figures: list[float], numel: int, dtype_name: str, floor: float, rule:
     if max_abs <= floor:
         if literal_fail or scaled_fail:
             messages.append(f"within the rounding-noise floor {floor:.3e}")
-        return LeafVerdict(cosine, max_abs, max_rel, YES, "; ".join(messages), **common)
+        return LeafVerdict(cosine, max_abs, max_rel, YES, "; ".join(messages), floor, "", ulps)
     failed = rule_label(literal_fail, scaled_fail)
-    return LeafVerdict(cosine, max_abs, max_rel, NO if failed else YES, "; ".join(messages), failed_rule=failed,
-                       **common)
+    return LeafVerdict(cosine, max_abs, max_rel, NO if failed else YES, "; ".join(messages),
+                       floor, failed, ulps)
 
 
 def format_figure(value: float | str) -> str:

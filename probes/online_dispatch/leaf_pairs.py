@@ -35,6 +35,7 @@ class OutputLeaf:
     index: int = -1  # position in the figure list, -1 when not measured
     special: Row | None = None
     tensor: bool = True  # False for Python scalars: the scaled rule applies to tensors only
+    numel: int = 1  # elements of a measured leaf (at least 1: a 0-d tensor or a scalar is one)
 
 
 @dataclass
@@ -65,11 +66,25 @@ class OpComparison:
     rounded_once_terms: int = 0
 
 
+# dtype -> the name that picks its thresholds (complex ones by their real parts); looked up for
+# every output leaf of every op
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+
+
+def _tensor_dtype_name(t: torch.Tensor) -> str:
+    name = _DTYPE_NAMES.get(t.dtype)
+    if name is None:
+        if t.dtype.is_complex:
+            name = "float32" if t.dtype == torch.complex64 else "float64"
+        else:
+            name = BACKEND.dtype_name(t)
+        name = _DTYPE_NAMES[t.dtype] = name
+    return name
+
+
 def _dtype_name(x: Any) -> str:
     if isinstance(x, torch.Tensor):
-        if x.dtype.is_complex:
-            return "float32" if x.dtype == torch.complex64 else "float64"
-        return BACKEND.dtype_name(x)
+        return _tensor_dtype_name(x)
     if isinstance(x, bool):
         return "bool"
     if isinstance(x, int):
@@ -149,6 +164,17 @@ def may_overflow(dev: torch.Tensor, ref: torch.Tensor, ref_sq: float) -> bool:
 
 
 def _add_pair(cmp: OpComparison, name: str, dev: Any, ref: Any) -> None:
+    if isinstance(dev, torch.Tensor) and isinstance(ref, torch.Tensor):  # the usual leaf: its checks in a row
+        shape = dev.shape
+        if shape == ref.shape and (numel := dev.numel()):
+            leaf = OutputLeaf(name, str(dev.dtype), str(ref.dtype), _tensor_dtype_name(dev), list(shape),
+                              len(cmp.pairs), numel=numel)
+            cmp.outputs.append(leaf)
+            dev = _real(dev.detach())
+            # the reference as measured: values beyond the device dtype's range are mapped when the
+            # figures show some may be there (verdict.figures: may_overflow, overflowed_as)
+            cmp.pairs.append((dev if dev.is_cpu else dev.to(CPU), _real(ref.detach())))
+            return
     if dev is None and (ref is None or isinstance(ref, NotCompared)):
         return
     if isinstance(ref, NotCompared):
@@ -172,9 +198,7 @@ def _add_pair(cmp: OpComparison, name: str, dev: Any, ref: Any) -> None:
             leaf.special = special_row(name, leaf.dev_dtype, leaf.ref_dtype, str(list(dev.shape)), str(list(ref.shape)),
                                        dm.NAN, "empty data, can not compare", figure="unsupported")
             return
-        leaf.index = len(cmp.pairs)
-        # the reference as measured: values beyond the device dtype's range are mapped when the
-        # figures show some may be there (verdict.figures: may_overflow, overflowed_as)
+        leaf.index, leaf.numel = len(cmp.pairs), dev.numel()
         cmp.pairs.append((_real(dev.detach()).to(CPU), _real(ref.detach())))
         return
     if isinstance(dev, _SCALARS) and isinstance(ref, _SCALARS):
@@ -226,18 +250,18 @@ def collect_inputs(cmp: OpComparison, dev_args: tuple, dev_kwargs: dict, ref_arg
 
 
 def _walk_inputs(cmp: OpComparison, name: str, dev: Any, ref: Any) -> None:
-    if isinstance(ref, (list, tuple)) and isinstance(dev, (list, tuple)):
-        for i, (d, r) in enumerate(zip(dev, ref)):
-            _walk_inputs(cmp, f"{name}.{i}", d, r)
-        return
     if isinstance(ref, torch.Tensor) and isinstance(dev, torch.Tensor):
         numel = ref.numel()
-        leaf = InputLeaf(name, str(dev.dtype), str(ref.dtype), list(ref.shape),
-                         ref.is_floating_point() or ref.is_complex(), numel)
+        dtype = ref.dtype
+        leaf = InputLeaf(name, str(dev.dtype), str(dtype), list(ref.shape), dtype.is_floating_point or dtype.is_complex,
+                         numel)
         if numel:
             leaf.index = len(cmp.stat_tensors)
             cmp.stat_tensors.append(_real(ref))
         cmp.inputs.append(leaf)
+    elif isinstance(ref, (list, tuple)) and isinstance(dev, (list, tuple)):
+        for i, (d, r) in enumerate(zip(dev, ref)):
+            _walk_inputs(cmp, f"{name}.{i}", d, r)
     elif isinstance(ref, _SCALARS) and isinstance(dev, _SCALARS):
         cmp.inputs.append(InputLeaf(name, str(type(dev)), str(type(ref)), [], isinstance(ref, float), 1,
                                     tensor=False, value=float(ref)))

@@ -143,25 +143,26 @@ def rows(cmp: OpComparison, out_figs: list[list[float]], all_details: bool = Fal
     single-benchmark columns (msprobe 8.3.3's actual figures) of those leaves (of every leaf when `all_details`, i.e. debug=True)
     and the statistics of the input rows: a clean op pays for none of it.
     """
-    biggest = max([leaf.numel for leaf in cmp.inputs if leaf.is_float and leaf.tensor] + [1])
     judged: list[tuple[OutputLeaf, Any]] = []
+    suspects: list[OutputLeaf] = []
     for leaf in cmp.outputs:
         if leaf.special is None:
-            f = out_figs[leaf.index]
-            judged.append((leaf, dm.judge(f, max(1, _numel(leaf.shape)), leaf.dtype_name, 0.0, rule, leaf.tensor,
-                                           cmp.chained)))
-    suspects = [(leaf, v) for leaf, v in judged if v.failed or all_details]
+            v = dm.judge(out_figs[leaf.index], leaf.numel, leaf.dtype_name, 0.0, rule, leaf.tensor, cmp.chained)
+            judged.append((leaf, v))
+            if all_details or v.failed:
+                suspects.append(leaf)
     in_stats: list[list[float]] | None = None
     evidence: dict[int, list[float]] = {}
+    in_scale, biggest = 0.0, 1
     if suspects:
         in_stats = input_statistics(cmp.stat_tensors)
-        evidence = _evidence(cmp, [leaf for leaf, _ in suspects])
-    in_scale = 0.0
-    for leaf in cmp.inputs:
-        if leaf.is_float and leaf.index >= 0 and in_stats is not None:
-            in_scale = max(in_scale, df.finite_abs_max(in_stats[leaf.index][0], in_stats[leaf.index][1]))
-        elif leaf.is_float and not leaf.tensor:
-            in_scale = max(in_scale, abs(leaf.value))
+        evidence = _evidence(cmp, suspects)
+        biggest = max([leaf.numel for leaf in cmp.inputs if leaf.is_float and leaf.tensor] + [1])
+        for leaf in cmp.inputs:
+            if leaf.is_float and leaf.index >= 0:
+                in_scale = max(in_scale, df.finite_abs_max(in_stats[leaf.index][0], in_stats[leaf.index][1]))
+            elif leaf.is_float and not leaf.tensor:
+                in_scale = max(in_scale, abs(leaf.value))
     verdicts = {id(leaf): v for leaf, v in judged}
     out_rows: list[Row] = []
     for leaf in cmp.outputs:
@@ -171,9 +172,9 @@ def rows(cmp: OpComparison, out_figs: list[list[float]], all_details: bool = Fal
             out_rows.append(leaf.special)
             continue
         verdict = verdicts[id(leaf)]
-        ev = evidence.get(leaf.index)
+        ev = evidence.get(leaf.index) if suspects else None
         if ev is not None:
-            numel = max(1, _numel(leaf.shape))
+            numel = leaf.numel
             out_scale = max(df.finite_abs_max(ev[0], ev[1]), df.finite_abs_max(ev[df.STAT_COUNT], ev[df.STAT_COUNT + 1]))
             if cmp.rounded_once_terms:
                 floor = dm.rounded_once_floor(leaf.dtype_name, out_scale, cmp.rounded_once_terms)
@@ -186,13 +187,17 @@ def rows(cmp: OpComparison, out_figs: list[list[float]], all_details: bool = Fal
         out_rows.append(row)
     in_rows: list[Row] = []
     for leaf in cmp.inputs:
-        stats: tuple[Any, Any, Any] = ("", "", "")
         if not leaf.tensor:
-            stats = (leaf.value, leaf.value, leaf.value)
+            stats: tuple[Any, Any, Any] = (leaf.value, leaf.value, leaf.value)
         elif leaf.index >= 0 and in_stats is not None:
             stats = _mean_stats(in_stats[leaf.index])
+        else:
+            stats = _NO_STATS
         in_rows.append(input_row(leaf.name, leaf.dev_dtype, leaf.ref_dtype, str(leaf.shape), stats))
     return in_rows, out_rows
+
+
+_NO_STATS = ("", "", "")
 
 
 def _mean_stats(st: list[float]) -> tuple[float, float, float]:
@@ -233,10 +238,3 @@ def _fill_row(row: Row, leaf: OutputLeaf, ev: list[float], floor: float) -> None
         row.extra = (sb.error_balance, sb.abs_err, sb.rel_err, "pass" if sb.consistent else "fail", floor)
     else:
         row.extra = ("", "", "", "", floor)
-
-
-def _numel(shape: list[int]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n

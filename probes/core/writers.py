@@ -38,6 +38,13 @@ class CsvAppender:
         if len(self._pending) >= FLUSH_ROWS:
             self.flush()
 
+    def add_all(self, rows: list[list[Any]]) -> None:
+        """Several rows at once, taken as they are (the caller hands over lists it no longer
+        changes): a tool that writes rows for every op of a model saves a copy of each."""
+        self._pending += rows
+        if len(self._pending) >= FLUSH_ROWS:
+            self.flush()
+
     def flush(self) -> None:
         """Append the pending rows (the header first when the file is new)."""
         rows, self._pending = self._pending, []

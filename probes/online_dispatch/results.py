@@ -61,12 +61,12 @@ class Row:
         return self.accuracy in FAILING
 
     def cells(self) -> list[Any]:
+        # format_figure keeps words ("" too) as they are
         return [
             self.name, self.name, self.npu_dtype, self.bench_dtype, self.npu_shape, self.bench_shape,
-            *self.npu_stats, *self.bench_stats, format_figure(self.cosine) if self.cosine != "" else "",
-            format_figure(self.max_abs_err) if self.max_abs_err != "" else "",
-            format_figure(self.max_rel_err) if self.max_rel_err != "" else "",
-            self.accuracy, self.stack, self.message, *self.extra, self.failed_rule, _ulps(self.scaled_ulps),
+            *self.npu_stats, *self.bench_stats, format_figure(self.cosine), format_figure(self.max_abs_err),
+            format_figure(self.max_rel_err), self.accuracy, self.stack, self.message, *self.extra, self.failed_rule,
+            _ulps(self.scaled_ulps),
         ]
 
 
@@ -129,12 +129,13 @@ class RunResults:
         self.csv = CsvAppender(self.csv_path, COLUMNS + EXTRA_COLUMNS, encoding=ENCODING, newline=LINE_END)
 
     def add_rows(self, rows: list[Row]) -> None:
+        accuracy, failed_rules = self.accuracy_counts, self.failed_rules
         for r in rows:
-            self.csv.add(r.cells())
             if r.accuracy:
-                self.accuracy_counts[r.accuracy] += 1
+                accuracy[r.accuracy] += 1
             if r.failed_rule:
-                self.failed_rules[r.failed_rule] += 1
+                failed_rules[r.failed_rule] += 1
+        self.csv.add_all([r.cells() for r in rows])
         self.rows_written += len(rows)
 
     def add_failure(self, failure: FailedOp, op_label: str, overload: str) -> None:

@@ -18,7 +18,7 @@ import torch
 from torch._ops import _len_torch_dispatch_stack_pre_dispatch
 from torch.utils._python_dispatch import _disable_current_modes
 
-_CPU = torch.device("cpu")
+CPU = torch.device("cpu")  # the device scan answers for CPU tensors (callers may test it by identity)
 _STRIDED = torch.strided
 _NO_MODES = contextlib.nullcontext()
 
@@ -37,11 +37,11 @@ def scan(args: tuple, kwargs: dict) -> tuple[torch.device | None, bool, int]:
         if isinstance(x, torch.Tensor):
             if x.is_cpu:
                 if found is None:
-                    found = _CPU
+                    found = CPU
             else:
                 if x.is_meta:
                     plain = False
-                if found is None or found is _CPU:
+                if found is None or found is CPU:
                     found = x.device
             if x.layout is not _STRIDED or x.is_quantized or x.is_nested:
                 plain = False

@@ -195,18 +195,18 @@ class OnlineDispatchMode(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         if kwargs is None:
             kwargs = {}
-        if isinstance(func, torch._ops.HigherOrderOperator):
-            key = (skip_list.HIGHER_ORDER, func.name())
-            self.results.skipped[key] = self.results.skipped.get(key, 0) + 1
-            with _disable_current_modes():
-                return func(*args, **kwargs)
         info = self._infos.get(func)
-        if info is None:
+        if info is None:  # a new overload (higher-order operators are never cached: they come here each time)
+            if isinstance(func, torch._ops.HigherOrderOperator):
+                key = (skip_list.HIGHER_ORDER, func.name())
+                self.results.skipped[key] = self.results.skipped.get(key, 0) + 1
+                with _disable_current_modes():
+                    return func(*args, **kwargs)
             info = self._infos[func] = OpInfo(func)
         reason = info.skip
         if info.per_call is not None:  # attention's dropout, _to_copy's FP8 casts: the call decides
             reason = info.per_call(args, kwargs)
-        if reason is None and func in self._no_cpu_kernel:
+        if reason is None and self._no_cpu_kernel and func in self._no_cpu_kernel:
             reason = skip_list.NO_CPU_KERNEL
         if reason is None and types and not all(getattr(t, "__simulated_device__", None) for t in types):
             reason = skip_list.UNSUPPORTED_TENSOR  # a tracer's tensors: no values
@@ -293,8 +293,8 @@ class OnlineDispatchMode(TorchDispatchMode):
         try:
             with other_modes_off(modes), no_grad():
                 # pristine copies of written arguments: their input rows and dumps show what the op received
-                ref = reference.build_reference(args, kwargs, float64 or device.type == "cpu", info.half_to_float,
-                                                info.written, keep_pristine=True)
+                ref = reference.build_reference(args, kwargs, float64 or device is reference.CPU or device.type == "cpu",
+                                                info.half_to_float, info.written, keep_pristine=True)
         except Exception as exc:
             out = func(*args, **kwargs)
             results.add_error(str(func), "copying the inputs for the reference", exc)
@@ -339,7 +339,7 @@ class OnlineDispatchMode(TorchDispatchMode):
         """Number the op, run the CPU reference and pair its results with the device's (into
         job.cmp). Inline, or in the reference thread, which then owns the numbering: ops are
         numbered in the order they ran either way, so the CSV does not depend on timing."""
-        if job.func in self._no_cpu_kernel:  # an earlier call, still in flight when this one ran, found out
+        if self._no_cpu_kernel and job.func in self._no_cpu_kernel:  # an earlier call, still in flight when this one ran, found out
             return SKIPPED
         info = job.info
         idx = self._counters.get(info.api, 0) + 1

@@ -31,7 +31,8 @@ def record_outcome(results: RunResults, options: DispatchOptions, listed: frozen
     op_name = getattr(job.info, "name", None) or str(job.func)  # OpInfo keeps it; a graph's is per call
     results.ops_compared += 1
     results.compared_by_op[op_name] += 1
-    results.devices[job.device.type] = results.devices.get(job.device.type, 0) + 1
+    device = job.device.type
+    results.devices[device] = results.devices.get(device, 0) + 1
     name = f"{job.prefix}_output" if job.prefix is not None else f"{job.info.api}_output"
     if isinstance(figures, ReferenceFailed):
         exc = figures.exc

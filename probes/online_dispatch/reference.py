@@ -27,9 +27,8 @@ from typing import Any, Callable
 
 import torch
 
-from probes.online_dispatch.call_scan import scan
+from probes.online_dispatch.call_scan import CPU, scan
 
-CPU = torch.device("cpu")
 _LOW_PRECISION = {torch.float16, torch.bfloat16}
 for _name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"):
     if hasattr(torch, _name):
@@ -68,30 +67,41 @@ class ReferenceCall:
     pristine_kwargs: dict | None = None
 
 
-# (device dtype, device under test is the CPU) -> the reference dtype (reference_dtype), for every
-# tensor argument of every compared op
-_REFERENCE_DTYPES: dict[tuple[torch.dtype, bool], torch.dtype] = {}
+# (device dtype, device under test is the CPU) -> the cast of a CPU tensor to its reference dtype
+# (reference_dtype), for every tensor argument of every compared op: `double()` and `float()`
+# parse no arguments and take about half the time of `to(dtype)`; a tensor already in its
+# reference dtype is cloned (the re-run may write into its copy)
+_CASTS: dict[tuple[torch.dtype, bool], Callable[[torch.Tensor], torch.Tensor]] = {}
+_CAST_METHODS = {torch.float64: torch.Tensor.double, torch.float32: torch.Tensor.float}
+
+
+def _cast(dtype: torch.dtype, device_is_cpu: bool) -> Callable[[torch.Tensor], torch.Tensor]:
+    target = reference_dtype(dtype, device_is_cpu)
+    if target is dtype:
+        return torch.Tensor.clone
+    return _CAST_METHODS.get(target) or (lambda x: x.to(target))
 
 
 def _copy(x: torch.Tensor, device_is_cpu: bool) -> torch.Tensor:
-    """A CPU copy of `x` in its reference dtype, never a view. Called with grad mode off, so a
-    copy has no autograd history; `to` with a dtype that differs, and `clone`, always copy, and
-    cost about half the general `detach().to(device=..., copy=True)` (a few microseconds, on
-    every tensor argument of every compared op)."""
-    key = (x.dtype, device_is_cpu)
-    dtype = _REFERENCE_DTYPES.get(key)
-    if dtype is None:
-        dtype = _REFERENCE_DTYPES[key] = reference_dtype(x.dtype, device_is_cpu)
+    """A CPU copy of `x` in its reference dtype, never a view, with no autograd history (called
+    with grad mode off)."""
     if not x.is_cpu:
-        return x.detach().to(device=CPU, dtype=dtype, copy=True)
-    return x.to(dtype) if dtype is not x.dtype else x.clone()
+        return x.detach().to(device=CPU, dtype=reference_dtype(x.dtype, device_is_cpu), copy=True)
+    key = (x.dtype, device_is_cpu)
+    cast = _CASTS.get(key)
+    if cast is None:
+        cast = _CASTS[key] = _cast(x.dtype, device_is_cpu)
+    return cast(x)
+
+
+_AS_IS = (int, float, bool, str, type(None))  # arguments the re-run takes as they are (most besides tensors)
 
 
 def _convert(x: Any, device_is_cpu: bool) -> Any:
     if isinstance(x, torch.Tensor):
         return _copy(x, device_is_cpu)
     if isinstance(x, (list, tuple)):
-        items = [_convert(v, device_is_cpu) for v in x]
+        items = [v if isinstance(v, _AS_IS) else _convert(v, device_is_cpu) for v in x]
         return items if isinstance(x, list) else tuple(items)
     if isinstance(x, dict):
         return {k: _convert(v, device_is_cpu) for k, v in x.items()}
@@ -136,7 +146,7 @@ def build_reference(
 ) -> ReferenceCall:
     """CPU copies of the op's arguments for the re-run (made before the device op runs)."""
     ref_args = _convert(args, device_is_cpu)
-    ref_kwargs = _convert(kwargs, device_is_cpu)
+    ref_kwargs = _convert(kwargs, device_is_cpu) if kwargs else {}
     if half_to_float is not None:
         if half_to_float < len(ref_args):
             ref_args = ref_args[:half_to_float] + (False,) + ref_args[half_to_float + 1 :]

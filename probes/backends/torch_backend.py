@@ -70,6 +70,9 @@ class _GradOff:
 
 _grad_enabled = torch.is_grad_enabled
 _set_grad_enabled = torch._C._set_grad_enabled
+# torch.get_rng_state() / set_rng_state() are these two calls behind a Python function each
+_CPU_GENERATOR = torch.default_generator
+_cuda_initialized = torch.cuda.is_initialized
 
 
 class TorchBackend(BackendDefaults):
@@ -81,10 +84,11 @@ class TorchBackend(BackendDefaults):
         return isinstance(x, torch.Tensor)
 
     def is_float(self, t: Any) -> bool:
-        return t.is_floating_point() and t.device.type != "meta"
+        return t.is_floating_point() and not t.is_meta  # (is_meta: no device object made)
 
     def dtype_name(self, t: Any) -> str:
-        return _DTYPE_NAMES.get(t.dtype, str(t.dtype).replace("torch.", ""))
+        name = _DTYPE_NAMES.get(t.dtype)  # (the default is made only when needed: every checked call asks)
+        return name if name is not None else str(t.dtype).replace("torch.", "")
 
     def dtype_repr(self, t: Any) -> str:
         return str(t.dtype)
@@ -308,12 +312,12 @@ class TorchBackend(BackendDefaults):
     def rng_snapshot(self, args: Any) -> Any:
         """Generator states before the original call, so the re-run draws the same numbers and
         the user's random stream continues exactly as without the probe."""
-        cuda = torch.cuda.get_rng_state() if torch.cuda.is_initialized() else None  # False without CUDA
-        return torch.get_rng_state(), cuda
+        cuda = torch.cuda.get_rng_state() if _cuda_initialized() else None  # False without CUDA
+        return _CPU_GENERATOR.get_state(), cuda
 
     def rng_restore(self, snapshot: Any) -> None:
         cpu, cuda = snapshot
-        torch.set_rng_state(cpu)
+        _CPU_GENERATOR.set_state(cpu)
         if cuda is not None:
             torch.cuda.set_rng_state(cuda)
 

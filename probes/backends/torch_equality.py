@@ -24,7 +24,7 @@ _NUMPY_FROM = 4096
 def host_equal(a: Any, b: Any) -> bool | None:
     """True/False when `a` and `b` are plain strided CPU tensors of one dtype and shape (every
     element equal by value), None when the caller must measure them on the device."""
-    if not (plain_cpu(a) and plain_cpu(b)) or a.dtype is not b.dtype or a.shape != b.shape:
+    if a.dtype is not b.dtype or not (plain_cpu(a) and plain_cpu(b)) or a.shape != b.shape:
         return None
     try:
         if a.numel() >= _NUMPY_FROM and a.dtype in NUMPY_DTYPES:

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+_STRIDED = torch.strided
+
 #: calls whose extra copies stay under this size are never measured against the memory left
 SMALL_BYTES = 64 << 20
 #: the copies may take at most this share of the memory left
@@ -26,7 +28,7 @@ TOO_LARGE = ("too large for the memory left: its copies need about {need:.1f} Gi
 def tensor_bytes(tensors: Iterable[Any]) -> int:
     total = 0
     for t in tensors:
-        if isinstance(t, torch.Tensor) and t.layout == torch.strided and not t.is_nested:
+        if isinstance(t, torch.Tensor) and t.layout is _STRIDED and not t.is_nested:
             total += t.numel() * t.element_size()
     return total
 

@@ -13,7 +13,7 @@ measured (shapes or types differ, empty) gets its row here, so that the measurin
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -51,19 +51,22 @@ class InputLeaf:
     value: float = 0.0
 
 
-@dataclass
 class OpComparison:
-    """The leaves of one op call and the tensors the figures are computed from."""
+    """The leaves of one op call and the tensors the figures are computed from (a plain class:
+    one is made for every compared op)."""
 
-    prefix: str
-    outputs: list[OutputLeaf] = field(default_factory=list)
-    inputs: list[InputLeaf] = field(default_factory=list)
-    pairs: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
-    stat_tensors: list[torch.Tensor] = field(default_factory=list)
-    chained: bool = False  # a fused backward that rounds intermediates: the wider limit (thresholds)
-    # the FP8 matmul: its reference is exact, a correct kernel rounds once (dm.rounded_once_floor);
-    # the number of products summed per output element, 0 for every other op
-    rounded_once_terms: int = 0
+    __slots__ = ("prefix", "outputs", "inputs", "pairs", "stat_tensors", "chained", "rounded_once_terms")
+
+    def __init__(self, prefix: str, chained: bool = False, rounded_once_terms: int = 0) -> None:
+        self.prefix = prefix
+        self.outputs: list[OutputLeaf] = []
+        self.inputs: list[InputLeaf] = []
+        self.pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.stat_tensors: list[torch.Tensor] = []
+        self.chained = chained  # a fused backward that rounds intermediates: the wider limit (thresholds)
+        # the FP8 matmul: its reference is exact, a correct kernel rounds once (dm.rounded_once_floor);
+        # the number of products summed per output element, 0 for every other op
+        self.rounded_once_terms = rounded_once_terms
 
 
 # dtype -> the name that picks its thresholds (complex ones by their real parts); looked up for

@@ -11,6 +11,7 @@ import logging
 from typing import Any
 
 from probes.online_dispatch import skip_list, verdict
+from probes.online_dispatch.call_scan import CPU
 from probes.online_dispatch.call_stack import format_stack, user_stack
 from probes.online_dispatch.graph_ops import GraphOp
 from probes.online_dispatch.graph_reports import localise
@@ -31,7 +32,7 @@ def record_outcome(results: RunResults, options: DispatchOptions, listed: frozen
     op_name = getattr(job.info, "name", None) or str(job.func)  # OpInfo keeps it; a graph's is per call
     results.ops_compared += 1
     results.compared_by_op[op_name] += 1
-    device = job.device.type
+    device = "cpu" if job.device is CPU else job.device.type  # (device.type makes a new string each time)
     results.devices[device] = results.devices.get(device, 0) + 1
     name = f"{job.prefix}_output" if job.prefix is not None else f"{job.info.api}_output"
     if isinstance(figures, ReferenceFailed):
@@ -50,7 +51,7 @@ def record_outcome(results: RunResults, options: DispatchOptions, listed: frozen
         stack = format_stack(job.stack) if job.stack is not None else user_stack()
         for r in failing:
             r.stack = stack
-    results.add_rows(in_rows + out_rows)
+    results.add_rows(out_rows, in_rows)
     mode = options.dump_mode
     dumped = False
     if mode == "all" or (mode == "list" and job.info.api in listed) or (mode == "auto" and failing):

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from probes.core.dispatch_metrics import FAILING, LeafVerdict, format_figure
+from probes.core.dispatch_metrics import FAILING, YES, LeafVerdict, format_figure
 from probes.core.writers import CsvAppender, write_json_atomic
 
 logger = logging.getLogger("probes.online_dispatch")
@@ -75,9 +75,15 @@ def _ulps(v: Any) -> Any:
     return float(f"{v:.6g}") if isinstance(v, float) else v
 
 
-def input_row(name: str, npu_dtype: str, bench_dtype: str, shape: str, stats: tuple[float, float, float]) -> Row:
-    """An input leaf, compared with itself (as documented: Cosine 1, errors 0, Yes)."""
-    return Row(name, npu_dtype, bench_dtype, shape, shape, stats, stats, 1.0, 0.0, 0.0, "Yes")
+# an input row's cells from Cosine on: compared with itself (as documented: Cosine 1, errors 0, Yes),
+# no stack, message, evidence, FailedRule or scaled figure
+_INPUT_TAIL = (format_figure(1.0), format_figure(0.0), format_figure(0.0), YES, "", "", "", "", "", "", "", "", "")
+
+
+def input_row(name: str, npu_dtype: str, bench_dtype: str, shape: str, stats: tuple[Any, Any, Any]) -> list[Any]:
+    """The CSV cells of an input leaf (what Row(..., 1.0, 0.0, 0.0, "Yes").cells() gives): a list,
+    not a Row, since an input row is never judged and every op writes one per input."""
+    return [name, name, npu_dtype, bench_dtype, shape, shape, *stats, *stats, *_INPUT_TAIL]
 
 
 def output_row(name: str, npu_dtype: str, bench_dtype: str, shape: str, v: LeafVerdict) -> Row:
@@ -128,15 +134,18 @@ class RunResults:
     def __post_init__(self) -> None:
         self.csv = CsvAppender(self.csv_path, COLUMNS + EXTRA_COLUMNS, encoding=ENCODING, newline=LINE_END)
 
-    def add_rows(self, rows: list[Row]) -> None:
+    def add_rows(self, rows: list[Row], inputs: list[list[Any]] = ()) -> None:
+        """An op's rows: its input rows' cells (input_row), then its output rows."""
         accuracy, failed_rules = self.accuracy_counts, self.failed_rules
+        if inputs:
+            accuracy[YES] += len(inputs)
         for r in rows:
             if r.accuracy:
                 accuracy[r.accuracy] += 1
             if r.failed_rule:
                 failed_rules[r.failed_rule] += 1
-        self.csv.add_all([r.cells() for r in rows])
-        self.rows_written += len(rows)
+        self.csv.add_all([*inputs, *[r.cells() for r in rows]])
+        self.rows_written += len(inputs) + len(rows)
 
     def add_failure(self, failure: FailedOp, op_label: str, overload: str) -> None:
         self.failed_ops.append(failure)

@@ -133,8 +133,8 @@ def input_statistics(stat_tensors: list[torch.Tensor]) -> list[list[float]]:
 
 
 def rows(cmp: OpComparison, out_figs: list[list[float]], all_details: bool = False,
-         rule: str = rules.BOTH) -> tuple[list[Row], list[Row]]:
-    """(input rows, output rows) of one op, outputs judged by `rule` (the documented rule, the
+         rule: str = rules.BOTH) -> tuple[list[list[Any]], list[Row]]:
+    """(input rows' cells, output rows) of one op, outputs judged by `rule` (the documented rule, the
     scaled rule, or both: a leaf fails when either fails) + noise floor.
 
     A leaf is first judged without the floor; only a leaf that fails needs the noise floor,
@@ -185,7 +185,7 @@ def rows(cmp: OpComparison, out_figs: list[list[float]], all_details: bool = Fal
         if ev is not None:
             _fill_row(row, leaf, ev, verdict.floor)
         out_rows.append(row)
-    in_rows: list[Row] = []
+    in_rows: list[list[Any]] = []
     for leaf in cmp.inputs:
         if not leaf.tensor:
             stats: tuple[Any, Any, Any] = (leaf.value, leaf.value, leaf.value)

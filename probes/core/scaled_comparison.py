@@ -98,7 +98,7 @@ def scaled_comparison(backend: Any, pairs: list, pert_mode: str, tolerance: floa
         elif kind == "equal":
             if h[0] > 0:
                 measure.append((i, True))
-            host[i] = [0.0, 0.0, 0.0]  # equal leaves: no error, no mismatch
+            host[i] = list(EQUAL_SCALED)  # equal leaves: no error, no mismatch
         elif not math.isfinite(h[0]):
             measure.append((i, False))
     # msprobe's figure, shown next to the scaled one for a flagged leaf, is measured in the next
@@ -133,24 +133,36 @@ def scaled_comparison(backend: Any, pairs: list, pert_mode: str, tolerance: floa
         if kind == "exact":
             verdicts.append(exact_verdict(path, a, h[0], backend.dtype_repr(a), backend.shape_repr(a), pert_mode))
             continue
-        name = backend.dtype_name(a)
-        err, nan_mm, inf_mm = scaled.finish(h)
-        limit = limits[i]
-        ok = not (nan_mm or inf_mm) and err <= limit
-        max_rel: float | str = "nan_mismatch" if nan_mm else "inf_mismatch" if inf_mm else err
-        detail = {"rule": "scaled", "scaled_error": err, "ulps": err / th.machine_eps(name),
-                  "scale": "element" if elementwise else "row",
-                  "nan_mismatch": nan_mm, "inf_mismatch": inf_mm}
-        if i in bounded:
-            detail["bound"] = True  # an upper bound that already settled the leaf
-        if input_move is not None:
-            detail["input_move"] = move
-        v = LeafVerdict(path, a, ok, max_rel, round(limit, 12), math.inf if (nan_mm or inf_mm) else 1.0 + err,
-                        backend.dtype_repr(a), backend.shape_repr(a), detail)
+        v = scaled_verdict(backend, path, a, h, limits[i], elementwise=elementwise, bounded=i in bounded,
+                           move=move if input_move is not None else None)
         verdicts.append(v)
-        if not ok and i in reference:
+        if not v.consistent and i in reference:
             _reference_detail(backend, v, b, reference[i], pert_mode, tolerance)
     return verdicts
+
+
+#: the scaled figures of two equal float leaves (no error, no mismatch)
+EQUAL_SCALED = (0.0, 0.0, 0.0)
+
+
+def scaled_verdict(backend: Any, path: tuple, a: Any, figures: Any, limit: float, *, elementwise: bool = False,
+                   bounded: bool = False, move: float | None = None) -> LeafVerdict:
+    """A float leaf's verdict by the scaled rule, from its host figures (scaled.finish's input)
+    and its threshold; `bounded`: the figure is an upper bound that settled the leaf; `move`:
+    the perturbed input's move, when the rule allowed for one."""
+    name = backend.dtype_name(a)
+    err, nan_mm, inf_mm = scaled.finish(figures)
+    ok = not (nan_mm or inf_mm) and err <= limit
+    max_rel: float | str = "nan_mismatch" if nan_mm else "inf_mismatch" if inf_mm else err
+    detail = {"rule": "scaled", "scaled_error": err, "ulps": err / th.machine_eps(name),
+              "scale": "element" if elementwise else "row",
+              "nan_mismatch": nan_mm, "inf_mismatch": inf_mm}
+    if bounded:
+        detail["bound"] = True  # an upper bound that already settled the leaf
+    if move is not None:
+        detail["input_move"] = move
+    return LeafVerdict(path, a, ok, max_rel, round(limit, 12), math.inf if (nan_mm or inf_mm) else 1.0 + err,
+                       backend.dtype_repr(a), backend.shape_repr(a), detail)
 
 
 def _tolerance(backend: Any, b: Any, tolerance: float | None) -> float:

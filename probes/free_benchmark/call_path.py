@@ -87,7 +87,7 @@ class CallPath:
         self.verdicts = VerdictQueue(backend)
         self._optimizer_steps = 0  # > 0 while an optimizer step runs (frameworks that can tell set it)
         self._optimizer_calls: dict[str, int] = {}  # API key -> calls in the optimizer step now running
-        self._equal_at_once = self.fb.pert_mode == "no_change" and self.fb.rule == "reference"  # (_judge)
+        self._equal_at_once = self.fb.pert_mode == "no_change"  # (_judge)
 
     def enable_preheat(self) -> None:
         """Learn the thresholds against the CPU (`if_preheat`; the frameworks that support it
@@ -263,7 +263,8 @@ class CallPath:
         tolerance = th.BACKWARD_TOLERANCE if stage == "backward" else None
         if deferred and self._equal_at_once and not self.verdicts:
             # the usual no_change call: its output matched, which the host knows already
-            verdicts = equal_at_once(b, out, pert_out, pert_mode="no_change", tolerance=tolerance)
+            verdicts = equal_at_once(b, out, pert_out, pert_mode="no_change", rule=self.fb.rule, tolerance=tolerance,
+                                     stage=stage)
             if verdicts is not None and not b.fp8_inputs(args, kwargs):
                 self.ledger.record(meta.key, name, stats, verdicts, self.current_step)
                 return

@@ -30,7 +30,7 @@ from probes.core.leaf_verdicts import (
     leaf_kinds,
     pair_leaves,
 )
-from probes.core.scaled_comparison import scaled_comparison
+from probes.core.scaled_comparison import EQUAL_SCALED, scaled_comparison, scaled_verdict
 
 
 def compare_outputs(
@@ -139,12 +139,12 @@ def _ratio_verdict(backend: Any, path: tuple, a: Any, figures: list[float], tol:
 EQUAL_FIGURES = (1.0, 1.0, 0.0)
 
 
-def equal_at_once(backend: Any, original: Any, perturbed: Any, *, pert_mode: str,
-                  tolerance: float | None = None) -> list[LeafVerdict] | None:
-    """The ratio rule's verdicts for the usual no_change call, when they are known at once: one
-    plain output tensor each side, which the backend finds equal on the host (`host_equal`).
-    They are `comparison`'s verdicts for those outputs, made without its passes and queue (a
-    test compares the two). None: run the comparison."""
+def equal_at_once(backend: Any, original: Any, perturbed: Any, *, pert_mode: str, rule: str = "reference",
+                  tolerance: float | None = None, stage: str = "forward") -> list[LeafVerdict] | None:
+    """The verdicts for the usual no_change call, when they are known at once: one plain output
+    tensor each side, which the backend finds equal on the host (`host_equal`). They are
+    `comparison`'s verdicts for those outputs (under either rule), made without its passes and
+    queue (a test compares the two). None: run the comparison."""
     host_equal = getattr(backend, "host_equal", None)
     if host_equal is None or not (backend.is_tensor(original) and backend.is_tensor(perturbed)):
         return None
@@ -152,21 +152,27 @@ def equal_at_once(backend: Any, original: Any, perturbed: Any, *, pert_mode: str
         return None  # (complex leaves are compared as their real and imaginary parts)
     if backend.numel(original) == 0:
         return []
-    if backend.is_float(original) and backend.is_float(perturbed):
-        name = backend.dtype_name(original)
-        tol = tolerance if tolerance is not None else th.forward_tolerance(backend.dtype_name(perturbed))
-        parts = _EQUAL_PARTS.get((name, tol, pert_mode))
-        if parts is None:  # the same for every equal leaf of a dtype: worked out once
+    if not (backend.is_float(original) and backend.is_float(perturbed)):
+        return [exact_verdict((), original, 0.0, backend.dtype_repr(original), backend.shape_repr(original),
+                              pert_mode)]
+    name = backend.dtype_name(original)
+    tol = tolerance if tolerance is not None else th.forward_tolerance(backend.dtype_name(perturbed))
+    key = (name, tol, pert_mode, rule, stage)
+    parts = _EQUAL_PARTS.get(key)
+    if parts is None:  # the same for every equal leaf of a dtype: worked out once
+        if rule == "scaled":
+            v = scaled_verdict(backend, (), original, list(EQUAL_SCALED),
+                               th.scaled_threshold(name, pert_mode, 0.0, stage))
+        else:
             v = _ratio_verdict(backend, (), original, list(EQUAL_FIGURES), tol, pert_mode)
-            parts = _EQUAL_PARTS[(name, tol, pert_mode)] = (v.consistent, v.max_rel, v.threshold, v.figure, v.detail)
-        consistent, max_rel, threshold, figure, detail = parts
-        return [LeafVerdict((), original, consistent, max_rel, threshold, figure, backend.dtype_repr(original),
-                            backend.shape_repr(original), dict(detail))]
-    return [exact_verdict((), original, 0.0, backend.dtype_repr(original), backend.shape_repr(original), pert_mode)]
+        parts = _EQUAL_PARTS[key] = (v.consistent, v.max_rel, v.threshold, v.figure, v.detail)
+    consistent, max_rel, threshold, figure, detail = parts
+    return [LeafVerdict((), original, consistent, max_rel, threshold, figure, backend.dtype_repr(original),
+                        backend.shape_repr(original), dict(detail))]
 
 
-# (dtype name, tolerance, mode) -> an equal float leaf's verdict but for its leaf, dtype and shape
-_EQUAL_PARTS: dict[tuple[str, float, str], tuple[Any, ...]] = {}
+# (dtype name, tolerance, mode, rule, stage) -> an equal float leaf's verdict but for its leaf, dtype and shape
+_EQUAL_PARTS: dict[tuple[str, float, str, str, str], tuple[Any, ...]] = {}
 
 
 def _scalar_verdict(path: tuple, a: float, b: float, pert_mode: str, tolerance: float | None) -> LeafVerdict:

@@ -440,16 +440,19 @@ def _fields(verdicts):
                                    torch.bool])
 @pytest.mark.parametrize("shape", [(), (0,), (3, 4), (70, 80)])
 @pytest.mark.parametrize("tolerance", [None, th.BACKWARD_TOLERANCE])
-def test_equal_at_once_gives_the_comparisons_verdicts(dtype, shape, tolerance):
-    """no_change's verdicts made at the call for equal plain outputs are the comparison's."""
+@pytest.mark.parametrize("rule, stage", [("reference", "forward"), ("scaled", "forward"), ("scaled", "backward")])
+def test_equal_at_once_gives_the_comparisons_verdicts(dtype, shape, tolerance, rule, stage):
+    """no_change's verdicts made at the call for equal plain outputs are the comparison's, under
+    either rule (twice: the second comes from what the first worked out)."""
     a = (torch.randn(shape) * 3).to(dtype)
-    for b in (a.clone(), a):
-        fast = equal_at_once(BACKEND, a, b, pert_mode="no_change", tolerance=tolerance)
+    kw = {"tolerance": tolerance, "rule": rule, "stage": stage}
+    for b in (a.clone(), a, a.clone()):
+        fast = equal_at_once(BACKEND, a, b, pert_mode="no_change", **kw)
         assert fast is not None
-        assert _fields(fast) == _fields(cmp(a, b, "no_change", tolerance=tolerance))
+        assert _fields(fast) == _fields(cmp(a, b, "no_change", **kw))
     t = torch.randn(70, 80)
-    assert _fields(equal_at_once(BACKEND, t.t(), t.t().clone(), pert_mode="no_change")) == _fields(
-        cmp(t.t(), t.t().clone(), "no_change"))  # a transposed view
+    assert _fields(equal_at_once(BACKEND, t.t(), t.t().clone(), pert_mode="no_change", **kw)) == _fields(
+        cmp(t.t(), t.t().clone(), "no_change", **kw))  # a transposed view
 
 
 class _Sub(torch.Tensor):

@@ -72,6 +72,7 @@ _grad_enabled = torch.is_grad_enabled
 _set_grad_enabled = torch._C._set_grad_enabled
 # torch.get_rng_state() / set_rng_state() are these two calls behind a Python function each
 _CPU_GENERATOR = torch.default_generator
+_max = torch._C.TensorBase.max
 _cuda_initialized = torch.cuda.is_initialized
 
 
@@ -294,6 +295,10 @@ class TorchBackend(BackendDefaults):
 
     # True/False for plain CPU tensors, answered on the host at once; None: measure on the device
     host_equal = staticmethod(host_equal)
+
+    def host_max(self, t: Any) -> Any:
+        """The largest element of a plain CPU tensor (read at no transfer's cost), else None."""
+        return _max(t).item() if torch_host.plain_cpu(t) and t.numel() else None
 
     def any_differ(self, a: Any, b: Any) -> Any:
         """Device scalar: number of differing elements (integer/bool outputs are compared exactly,

@@ -352,7 +352,13 @@ def _in_band(b: Any, xp: Any, bits: Any, name: str, above: int, below: int) -> A
     magnitude = bits & ((1 << (_WIDTH[name] - 1)) - 1)
     if not getattr(b, "edits_in_place", False):
         return xp.clip(magnitude - above, 0, 1) - xp.clip(magnitude - (below - 1), 0, 1)
+    # where reading a maximum costs no transfer (the CPU), no element above the band spares the
+    # upper test: two passes of the seven
+    host_max = getattr(b, "host_max", None)
+    top = host_max(magnitude) if host_max is not None else None
     step = (magnitude - above).clamp_(0, 1)
+    if top is not None and top < below:
+        return step
     return step.sub_(magnitude.sub_(below - 1).clamp_(0, 1))
 
 

@@ -6,7 +6,7 @@ half-precision inputs (fp16, bf16, fp8) are raised to float32 there; when the de
 CPU-only CI compares float32 kernels against something more exact (msprobe needed torch_npu and
 did nothing without it).
 
-Every tensor argument is copied (``.to(..., copy=True)``) *before* the device op runs, so an
+Every tensor argument is copied (a cast or a clone, never a view) *before* the device op runs, so an
 in-place op on the device cannot change what the reference sees, and the dumped inputs are the
 values the op received (msprobe dumped an in-place op's inputs after they were mutated).
 ``dtype=`` arguments are raised like the tensors (msprobe forwarded ``dtype=torch.float16``, so

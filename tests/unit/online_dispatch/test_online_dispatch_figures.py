@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from dispatch_files import read_rows, summary
 
 from probes.core import dispatch_figures as df
-from probes.online_dispatch import figure_parts, leaf_pairs, mode, thread_choice, verdict
+from probes.online_dispatch import figure_parts, leaf_pairs, mode, results, thread_choice, verdict
 from probes.pytorch.online_dispatch import PtdbgDispatch
 
 
@@ -33,7 +33,7 @@ def _same(a: list[float], b: list[float]) -> bool:
     return all(x == y or (math.isnan(x) and math.isnan(y)) for x, y in zip(a, b, strict=True))
 
 
-@pytest.mark.parametrize("numel", [1, 300, 8191, 8192, 40_000, df.CHUNK_ELEMENTS + 5])
+@pytest.mark.parametrize("numel", [1, 300, 4095, 4096, 40_000, df.CHUNK_ELEMENTS + 5])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.int64, torch.bool])
 def test_fast_figures_equal_the_core_formulas_and_leave_the_device_tensor_alone(numel, dtype):
     g = torch.Generator().manual_seed(numel)
@@ -51,6 +51,14 @@ def test_fast_figures_equal_the_core_formulas_and_leave_the_device_tensor_alone(
     fast = figure_parts.leaf_figures([(dev, ref)])
     assert torch.equal(dev, before)
     assert _same(fast[0], _core_figures([(dev, ref)])[0])
+
+
+def test_an_input_row_is_the_cells_of_a_row_compared_with_itself():
+    stats = (2.5, -1.0, 0.25)
+    for st in (stats, ("", "", "")):
+        row = results.Row("mm_1_input.0", "torch.float32", "torch.float64", "[4, 8]", "[4, 8]", st, st,
+                          1.0, 0.0, 0.0, "Yes")
+        assert results.input_row("mm_1_input.0", "torch.float32", "torch.float64", "[4, 8]", st) == row.cells()
 
 
 def test_nonfinite_values_take_the_masked_pass_as_before():

@@ -325,30 +325,33 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     zero = torch.zeros((), dtype=dtype)
     for start in range(0, seq_q, block):
         n = min(block, seq_q - start)
+        # the block's temporaries are its own, so each step writes in place (the same operations
+        # and values as out of place, without a score-sized buffer per step)
         qc = q.narrow(-2, start, n)
-        scores = (qc @ kt) * scale
+        scores = (qc @ kt).mul_(scale)
         bc = None
         if bias is not None:
             bc = bias.narrow(-2, start, n) if bias.shape[-2] != 1 else bias
-            scores = scores + bc
+            scores = scores.add_(bc) if torch.broadcast_shapes(scores.shape, bc.shape) == scores.shape else scores + bc
         if causal:
             rows = torch.arange(start, start + n).unsqueeze(-1) + shift
-            scores = scores.masked_fill(torch.arange(seq_k) > rows, float("-inf"))
+            scores.masked_fill_(torch.arange(seq_k) > rows, float("-inf"))
         top = scores.amax(-1, keepdim=True)
         top = torch.where(top == float("-inf"), zero, top)
-        p = torch.exp(scores - top)
+        p = scores.sub_(top).exp_()
         total = p.sum(-1, keepdim=True)
         lse.narrow(-1, start, n).copy_((top + total.log()).squeeze(-1))
-        p = torch.where(total > 0, p / total, zero)
+        positive = total > 0  # a query with no key to attend to (total 0) attends to nothing
+        p = p.div_(total) if bool(positive.all()) else torch.where(positive, p / total, zero)
         oc = p @ vx
         out.narrow(-2, start, n).copy_(oc)
         if grad is None:
             continue
         go = grad.to(dtype).narrow(-2, start, n)
         oc = saved.narrow(-2, start, n) if saved is not None else oc
-        ds = p * (go @ vt - (go * oc).sum(-1, keepdim=True))
-        dq.narrow(-2, start, n).copy_((ds @ kx * scale).sum_to_size(qc.shape))
-        dk += (ds.transpose(-2, -1) @ qc * scale).sum_to_size(dk.shape)
+        ds = (go @ vt).sub_((go * oc).sum(-1, keepdim=True)).mul_(p)
+        dq.narrow(-2, start, n).copy_((ds @ kx).mul_(scale).sum_to_size(qc.shape))
+        dk += (ds.transpose(-2, -1) @ qc).mul_(scale).sum_to_size(dk.shape)
         dv += (p.transpose(-2, -1) @ go).sum_to_size(dv.shape)
         if dbias is not None:
             if bias.shape[-2] != 1:

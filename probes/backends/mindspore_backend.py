@@ -230,6 +230,14 @@ class MindSporeBackend(BackendDefaults):
         dtype = hb.dtype if hb.dtype in _HOST_COMPUTE else np.float32
         return ratio_figures(ha.astype(dtype, copy=False), hb.astype(dtype, copy=False), tol)
 
+    def host_equal(self, a: Any, b: Any) -> bool | None:
+        """True/False for two tensors of one dtype and shape NumPy can view on the CPU target
+        (the semantics of `a != b`: NaN differs, -0.0 equals 0.0), answered at once; else None."""
+        if a.dtype != b.dtype or tuple(a.shape) != tuple(b.shape):
+            return None
+        ha, hb = self.host_view(a), self.host_view(b)
+        return None if ha is None or hb is None else bool((ha == hb).all())
+
     def any_differ(self, a: Any, b: Any) -> Any:
         if tuple(a.shape) != tuple(b.shape):
             return Tensor([float(max(int(a.size), 1))], mstype.float64)

@@ -314,6 +314,27 @@ def test_clean_fp32_model_gives_zero_rows_under_no_change(fb_config):
     assert {"Functional.matmul", "Functional.gelu", "Mint.matmul"} <= set(dbg.summary()["apis"])
 
 
+@pytest.mark.parametrize("rule", ["reference", "scaled"])
+@pytest.mark.parametrize("dtype", [mstype.float16, mstype.float32, mstype.int32, mstype.bool_])
+def test_equal_outputs_are_judged_at_the_call_as_the_comparison_judges_them(dtype, rule):
+    """no_change's shortcut on MindSpore: the host finds equal outputs at once, with the verdict
+    the comparison gives; an output that differs, or holds NaN, is left to the comparison."""
+    from probes.backends.mindspore_backend import MindSporeBackend
+    from probes.free_benchmark.compare import compare_outputs, equal_at_once
+
+    b = MindSporeBackend()
+    a = _t([[0.5, -2.0, 0.0], [3.0, 1.0, -0.0]], dtype)
+    fast = equal_at_once(b, a, a.copy(), pert_mode="no_change", rule=rule)
+    slow = compare_outputs(b, a, a.copy(), pert_mode="no_change", rule=rule)
+    assert fast is not None and len(fast) == len(slow) == 1
+    keep = ("path", "consistent", "max_rel", "threshold", "figure", "dtype_repr", "shape_repr", "detail")
+    assert [getattr(fast[0], k) for k in keep] == [getattr(slow[0], k) for k in keep]
+    changed = _t([[0.5, -2.0, 0.0], [3.0, 1.0, 7.0]], dtype)
+    assert equal_at_once(b, a, changed, pert_mode="no_change", rule=rule) is None
+    with_nan = _t([[float("nan"), 1.0]], mstype.float32)
+    assert b.host_equal(with_nan, with_nan.copy()) is False
+
+
 # --- files ---------------------------------------------------------------------------------------
 
 

@@ -1,8 +1,8 @@
-"""From one op's paired leaves (probes.online_dispatch.leaf_pairs) to CSV rows, with one host transfer.
+"""From one op's paired leaves (probes.online_dispatch.leaf_pairs) to CSV rows.
 
 `figures` runs the core formulas (probes.core.dispatch_figures: the documented rule's figures and
-the scaled error) on the reference's side for every leaf, then copies all of them to the host at
-once. `rows` judges each leaf by the documented rule, the scaled rule or both (`rule`,
+the scaled error) on the reference's side, the CPU, for every leaf, and reads them as Python
+floats. `rows` judges each leaf by the documented rule, the scaled rule or both (`rule`,
 probes.core.dispatch_metrics). `figures` is a pure function of tensors, so worker processes
 (process_num > 0) run exactly it.
 """

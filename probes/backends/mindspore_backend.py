@@ -35,7 +35,7 @@ from mindspore import Tensor
 
 from probes.backends import mindspore_autodiff, mindspore_xp
 from probes.backends.base import BackendDefaults, bit_view_table, scaled_options
-from probes.backends.host_arrays import HOST_ARRAYS, ratio_figures
+from probes.backends.host_arrays import COMPUTE_DTYPES, HOST_ARRAYS, ratio_figures
 from probes.backends.mindspore_rng import GeneratorWatch, LazyState
 from probes.core import scaled
 from probes.core.precision_raise import raised_dtype
@@ -54,7 +54,6 @@ _COMPUTE = (mstype.float32, mstype.float64)
 # dtypes whose tensors NumPy can view on the host (NumPy has no bfloat16)
 _HOST_VIEWABLE = {mstype.float16, mstype.float32, mstype.float64, mstype.bool_, mstype.int8, mstype.uint8,
                   mstype.int16, mstype.int32, mstype.int64}
-_HOST_COMPUTE = (np.float32, np.float64)
 #: Tensors up to this many elements are compared and perturbed with NumPy on the CPU target
 #: (see the module docstring): 4 Mi elements, 16 MiB of float32, where a NumPy pass takes a few
 #: ms, as long as MindSpore's dispatch of the dozen operators it replaces.
@@ -70,8 +69,6 @@ def _abs(x: Any) -> Any:
 # mindspore_xp with the bf16-safe abs; every other name is mindspore_xp's own function.
 XP = types.SimpleNamespace(**{k: v for k, v in vars(mindspore_xp).items() if not k.startswith("__")})
 XP.abs = _abs
-
-
 
 
 def _from_host(a: Any) -> Any:
@@ -212,7 +209,7 @@ class MindSporeBackend(BackendDefaults):
         ha, hb = self.host_view(a), self.host_view(b)
         if ha is None or hb is None or hb.dtype.kind != "f" or ha.dtype.kind != "f":
             return super().scaled_figures(a, b, eps, elementwise, finite=False)
-        dtype = ha.dtype if ha.dtype in _HOST_COMPUTE else np.float32  # a's compute dtype (see the base)
+        dtype = ha.dtype if ha.dtype in COMPUTE_DTYPES else np.float32  # a's compute dtype (see the base)
         return scaled.scaled_error(np_xp, ha.astype(dtype, copy=False), hb.astype(dtype, copy=False), eps,
                                    tuple(hb.shape), finite=finite, **scaled_options(elementwise))
 
@@ -227,7 +224,7 @@ class MindSporeBackend(BackendDefaults):
         ha, hb = self.host_view(a), self.host_view(b)
         if ha is None or hb is None or hb.dtype.kind != "f" or ha.dtype.kind != "f":
             return super().ratio_reductions(a, b, tol)
-        dtype = hb.dtype if hb.dtype in _HOST_COMPUTE else np.float32
+        dtype = hb.dtype if hb.dtype in COMPUTE_DTYPES else np.float32
         return ratio_figures(ha.astype(dtype, copy=False), hb.astype(dtype, copy=False), tol)
 
     def host_equal(self, a: Any, b: Any) -> bool | None:

@@ -54,18 +54,21 @@ for _name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnu
         _LOW_PRECISION.add(getattr(torch, _name))
 
 
-class _GradOff:
-    """torch.no_grad() for the probe's re-runs, without its decorator machinery (a few
-    microseconds a call, paid by every checked call)."""
+class GradOff:
+    """torch.no_grad as a plain context: grad mode off, and back as it was on exit. torch's is
+    several Python layers (a decorator class, its __new__ and __init__), a few microseconds that
+    every probed re-run (free_benchmark's checked calls, online_dispatch's compared ops) paid."""
 
-    __slots__ = ("enabled",)
+    __slots__ = ("_prev",)
 
     def __enter__(self) -> None:
-        self.enabled = _grad_enabled()
-        _set_grad_enabled(False)
+        self._prev = _grad_enabled()
+        if self._prev:
+            _set_grad_enabled(False)
 
-    def __exit__(self, *exc: Any) -> None:
-        _set_grad_enabled(self.enabled)
+    def __exit__(self, *exc: object) -> None:
+        if self._prev:
+            _set_grad_enabled(True)
 
 
 _grad_enabled = torch.is_grad_enabled
@@ -312,7 +315,7 @@ class TorchBackend(BackendDefaults):
         return (a != b).sum().reshape(1).to(widest_float(a.device))
 
     def no_grad(self) -> Any:
-        return _GradOff()
+        return GradOff()
 
     def rng_snapshot(self, args: Any) -> Any:
         """Generator states before the original call, so the re-run draws the same numbers and

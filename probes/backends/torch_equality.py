@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from probes.backends.torch_host import NUMPY_DTYPES, plain_cpu
+from probes.backends.torch_host import NUMPY_DTYPES, as_numpy, plain_cpu
 
 #: from this many elements, NumPy's vectorised comparison beats torch.equal on the CPU
 _NUMPY_FROM = 4096
@@ -28,12 +28,7 @@ def host_equal(a: Any, b: Any) -> bool | None:
         return None
     try:
         if a.numel() >= _NUMPY_FROM and a.dtype in NUMPY_DTYPES:
-            return bool((_numpy(_detach(a)) == _numpy(_detach(b))).all())
+            return bool((as_numpy(a) == as_numpy(b)).all())
         return torch.equal(a, b)
     except (RuntimeError, TypeError):  # a tensor NumPy cannot view: the device path measures it
         return None
-
-
-# TensorBase's own methods: while a probe runs, torch.Tensor's are its pass-through wrappers
-_detach = torch._C.TensorBase.detach
-_numpy = torch._C.TensorBase.numpy

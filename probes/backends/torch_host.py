@@ -44,11 +44,17 @@ def host_view(t: Any, limit: int = HOST_MAX_ELEMENTS) -> np.ndarray | None:
     if not plain_cpu(t) or t.dtype not in NUMPY_DTYPES or t.numel() > limit:
         return None
     try:
-        view = _numpy(_detach(t))
+        view = as_numpy(t)
     except (RuntimeError, TypeError):  # a tensor NumPy cannot view
         return None
     view.flags.writeable = False  # it shares the user's memory: never write through it
     return view
+
+
+def as_numpy(t: torch.Tensor) -> np.ndarray:
+    """`t`'s memory as a NumPy array (a plain CPU tensor's; TensorBase's own methods: while a
+    probe runs, torch.Tensor's are its pass-through wrappers)."""
+    return _numpy(_detach(t))
 
 
 def compute_view(t: Any, like: Any) -> np.ndarray | None:

@@ -6,7 +6,7 @@ arguments in Python costs a noticeable share of the op, so `scan` answers the th
 (reference.device_under_test and reference.input_bytes are its parts, for the callers that need
 one).
 `other_modes_off` is _disable_current_modes without its cost when no other mode is active, as in
-the usual run, and `no_grad` is torch.no_grad without its Python layers.
+the usual run.
 """
 
 from __future__ import annotations
@@ -64,20 +64,3 @@ def other_modes_off(on: bool | None = None) -> contextlib.AbstractContextManager
 
 def other_modes_on() -> bool:
     return torch._C._len_torch_dispatch_stack() != 0 or _len_torch_dispatch_stack_pre_dispatch() != 0
-
-
-class no_grad:  # noqa: N801 (used as torch.no_grad is)
-    """torch.no_grad as a plain context: grad mode off, and back as it was on exit. torch's is
-    several Python layers (a decorator class, its __new__ and __init__), a few microseconds that
-    every compared op paid twice."""
-
-    __slots__ = ("_prev",)
-
-    def __enter__(self) -> None:
-        self._prev = torch.is_grad_enabled()
-        if self._prev:
-            torch._C._set_grad_enabled(False)
-
-    def __exit__(self, *exc: object) -> None:
-        if self._prev:
-            torch._C._set_grad_enabled(True)

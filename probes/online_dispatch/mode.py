@@ -25,12 +25,12 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from probes.backends import torch_memory
-from probes.backends.torch_backend import BACKEND
+from probes.backends.torch_backend import BACKEND, GradOff
 from probes.compiled import capture
 from probes.compiled import runs as graph_runs
 from probes.core.file_names import dispatch_csv_name
 from probes.online_dispatch import leaf_pairs, reference, skip_list, verdict
-from probes.online_dispatch.call_scan import no_grad, other_modes_off, other_modes_on, scan
+from probes.online_dispatch.call_scan import other_modes_off, other_modes_on, scan
 from probes.online_dispatch.call_stack import capture_stack
 from probes.online_dispatch.graph_ops import GraphBackwardOp, GraphInfo, GraphOp, watch_backward
 from probes.online_dispatch.graph_reports import graph_entry
@@ -291,7 +291,7 @@ class OnlineDispatchMode(TorchDispatchMode):
         # see the user's op only, as without the probe
         modes = other_modes_on()
         try:
-            with other_modes_off(modes), no_grad():
+            with other_modes_off(modes), GradOff():
                 # pristine copies of written arguments: their input rows and dumps show what the op received
                 ref = reference.build_reference(args, kwargs, float64 or device is reference.CPU or device.type == "cpu",
                                                 info.half_to_float, info.written, keep_pristine=True)
@@ -352,7 +352,7 @@ class OnlineDispatchMode(TorchDispatchMode):
                                   ref.pristine_args if ref.pristine_args is not None else ref.args,
                                   ref.pristine_kwargs if ref.pristine_kwargs is not None else ref.kwargs)
         try:
-            with no_grad():
+            with GradOff():
                 ref_out = info.on_host(*ref.args, **ref.kwargs)
         except Exception as exc:
             self._no_cpu_kernel.add(job.func)

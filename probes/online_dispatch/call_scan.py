@@ -38,14 +38,11 @@ def scan(args: tuple, kwargs: dict) -> tuple[torch.device | None, bool, int]:
             if x.is_cpu:
                 if found is None:
                     found = CPU
-            else:
-                if x.is_meta:
-                    plain = False
-                if found is None or found is CPU:
-                    found = x.device
-            if x.layout is not _STRIDED or x.is_quantized or x.is_nested:
+            elif found is None or found is CPU:
+                found = x.device
+            if x.layout is not _STRIDED or x.is_meta or x.is_quantized or x.is_nested:
                 plain = False
-            elif plain:
+            else:  # every dense tensor counts, plain call or not (input_bytes)
                 nbytes += x.nbytes
         elif isinstance(x, (list, tuple)):
             stack.extend(x)

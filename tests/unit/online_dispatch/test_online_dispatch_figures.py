@@ -164,3 +164,17 @@ def test_inline_costs_keep_the_least_and_forget_past_the_limit(monkeypatch):
     costs.record("add", 1.0)
     assert costs.get("mm") is None
     assert not thread_choice.worth_a_thread(None)
+
+
+def test_one_walk_of_the_arguments_answers_device_plainness_and_bytes():
+    """call_scan.scan: the device under test (the first non-CPU tensor's), whether every tensor
+    is dense, and the bytes of every dense tensor, a sparse or meta one beside them or not."""
+    from probes.online_dispatch.call_scan import CPU, scan
+
+    dense = torch.ones(4, 8)  # 128 bytes
+    assert scan((dense, 2.0), {"w": torch.ones(3, dtype=torch.float64)}) == (CPU, True, 128 + 24)
+    assert scan((1, "a"), {}) == (None, True, 0)
+    device, plain, nbytes = scan(([dense, dense.t()], torch.ones(2, 2).to_sparse()), {})  # the sparse one walked first
+    assert device is CPU and not plain and nbytes == 256  # the sparse one left out of the bytes only
+    device, plain, nbytes = scan((dense, torch.empty(5, device="meta")), {})
+    assert device.type == "meta" and not plain and nbytes == 128

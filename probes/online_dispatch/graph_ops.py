@@ -51,13 +51,15 @@ class GraphInfo:
     """The mode's per-op facts of a compiled graph: its reference is the graph's eager program,
     in float64 on the CPU."""
 
-    __slots__ = ("api", "overload", "half_to_float", "written", "skip", "on_host", "per_call", "chained")
+    __slots__ = ("api", "overload", "half_to_float", "written", "skip", "on_host", "per_call", "chained",
+                 "rounded_once")
 
     def __init__(self, graph: Any, api: str | None = None, on_host: Callable[..., Any] | None = None) -> None:
         self.api, self.overload, self.half_to_float, self.written = api or graph.key, "", None, ((), ())
         self.skip = graph_runs.RANDOM.format(op=graph.random) if graph.random is not None else None
         self.on_host = on_host or graph_runs.quiet(graph.gm)
         self.per_call, self.chained = None, False  # a graph: no per-call rule, its own dtype's limit
+        self.rounded_once = False
 
 
 class GraphBackwardOp(GraphOp):

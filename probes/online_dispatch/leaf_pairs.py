@@ -14,7 +14,7 @@ measured (shapes or types differ, empty) gets its row here, so that the measurin
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -22,7 +22,7 @@ from probes.backends.torch_backend import BACKEND
 from probes.core import dispatch_metrics as dm
 from probes.core.thresholds import HAS_INFINITY, LARGEST_FINITE, overflow_boundary
 from probes.online_dispatch.reference import CPU, NotCompared, PerQuery
-from probes.online_dispatch.results import Row, special_row
+from probes.online_dispatch.results import NO_STATS, Row, input_row, special_row
 
 
 @dataclass
@@ -31,19 +31,17 @@ class OutputLeaf:
     dev_dtype: str  # str(dtype) of the device leaf, as the CSV shows it
     ref_dtype: str
     dtype_name: str  # "float32", "int64", … of the device leaf: picks the thresholds
-    shape: list[int]
+    shape: str  # as the CSV shows it (str of the list)
     index: int = -1  # position in the figure list, -1 when not measured
     special: Row | None = None
     tensor: bool = True  # False for Python scalars: the scaled rule applies to tensors only
     numel: int = 1  # elements of a measured leaf (at least 1: a 0-d tensor or a scalar is one)
 
 
-@dataclass
-class InputLeaf:
-    name: str
-    dev_dtype: str
-    ref_dtype: str
-    shape: list[int]
+class InputLeaf(NamedTuple):
+    """What the rows of a failing op need about one input leaf (its statistics and the noise
+    floor's scale); a tuple, as every compared op makes one per input and most never read it."""
+
     is_float: bool
     numel: int
     tensor: bool = True
@@ -55,12 +53,16 @@ class OpComparison:
     """The leaves of one op call and the tensors the figures are computed from (a plain class:
     one is made for every compared op)."""
 
-    __slots__ = ("prefix", "outputs", "inputs", "pairs", "stat_tensors", "chained", "rounded_once_terms")
+    __slots__ = ("prefix", "outputs", "inputs", "input_cells", "pairs", "stat_tensors", "chained",
+                 "rounded_once_terms")
 
     def __init__(self, prefix: str, chained: bool = False, rounded_once_terms: int = 0) -> None:
         self.prefix = prefix
         self.outputs: list[OutputLeaf] = []
         self.inputs: list[InputLeaf] = []
+        # each input leaf's CSV cells, made when the leaf is listed, with the statistics a passing
+        # op shows (none for tensors); verdict.rows fills them in for an op that failed
+        self.input_cells: list[list[Any]] = []
         self.pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.stat_tensors: list[torch.Tensor] = []
         self.chained = chained  # a fused backward that rounds intermediates: the wider limit (thresholds)
@@ -103,8 +105,31 @@ def _shape(x: Any) -> list[int]:
     return list(x.shape) if isinstance(x, torch.Tensor) else []
 
 
+# torch.Size -> its CSV text, str(list(shape)): every compared op writes one per leaf, and the
+# model's shapes repeat (a few hundred ns a leaf otherwise); bounded for programs whose shapes don't
+_SHAPE_TEXTS: dict[torch.Size, str] = {}
+_SHAPE_TEXTS_KEPT = 4096
+
+
+def shape_text(shape: torch.Size) -> str:
+    """str(list(shape)), remembered per shape."""
+    text = _SHAPE_TEXTS.get(shape)
+    if text is None:
+        if len(_SHAPE_TEXTS) >= _SHAPE_TEXTS_KEPT:
+            _SHAPE_TEXTS.clear()
+        text = _SHAPE_TEXTS[shape] = str(list(shape))
+    return text
+
+
 def _real(t: torch.Tensor) -> torch.Tensor:
     return torch.view_as_real(t) if t.dtype.is_complex else t
+
+
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    """`t` without autograd history, as a real tensor: the device leaves the dispatch mode sees and
+    the references of no_grad re-runs have none, so most are taken as they are (a detach makes a
+    new tensor, about half a microsecond)."""
+    return _real(t.detach() if t.requires_grad else t)
 
 
 _SCALARS = (bool, int, float)
@@ -114,7 +139,7 @@ def _not_compared(cmp: OpComparison, name: str, dev: Any, ref: Any, message: str
     """A row for a device leaf the reference does not reproduce (accuracy Nan: not a failure)."""
     ref_shape = str(_shape(ref)) if isinstance(ref, torch.Tensor) else ""
     ref_type = _type_str(ref) if isinstance(ref, torch.Tensor) else ""
-    cmp.outputs.append(OutputLeaf(name, _type_str(dev), ref_type, _dtype_name(dev), _shape(dev), special=special_row(
+    cmp.outputs.append(OutputLeaf(name, _type_str(dev), ref_type, _dtype_name(dev), str(_shape(dev)), special=special_row(
         name, _type_str(dev), ref_type, str(_shape(dev)), ref_shape, dm.NAN, message, figure="unsupported")))
 
 
@@ -170,13 +195,13 @@ def _add_pair(cmp: OpComparison, name: str, dev: Any, ref: Any) -> None:
     if isinstance(dev, torch.Tensor) and isinstance(ref, torch.Tensor):  # the usual leaf: its checks in a row
         shape = dev.shape
         if shape == ref.shape and (numel := dev.numel()):
-            leaf = OutputLeaf(name, str(dev.dtype), str(ref.dtype), _tensor_dtype_name(dev), list(shape),
+            leaf = OutputLeaf(name, str(dev.dtype), str(ref.dtype), _tensor_dtype_name(dev), shape_text(shape),
                               len(cmp.pairs), numel=numel)
             cmp.outputs.append(leaf)
-            dev = _real(dev.detach())
+            dev = _plain(dev)
             # the reference as measured: values beyond the device dtype's range are mapped when the
             # figures show some may be there (verdict.figures: may_overflow, overflowed_as)
-            cmp.pairs.append((dev if dev.is_cpu else dev.to(CPU), _real(ref.detach())))
+            cmp.pairs.append((dev if dev.is_cpu else dev.to(CPU), _plain(ref)))
             return
     if dev is None and (ref is None or isinstance(ref, NotCompared)):
         return
@@ -190,7 +215,7 @@ def _add_pair(cmp: OpComparison, name: str, dev: Any, ref: Any) -> None:
                           "not compared: per-query values not computed, or in a layout not known here")
             return
         dev, ref = aligned
-    leaf = OutputLeaf(name, _type_str(dev), _type_str(ref), _dtype_name(dev), _shape(dev))
+    leaf = OutputLeaf(name, _type_str(dev), _type_str(ref), _dtype_name(dev), str(_shape(dev)))
     cmp.outputs.append(leaf)
     if isinstance(dev, torch.Tensor) and isinstance(ref, torch.Tensor):
         if dev.shape != ref.shape:
@@ -221,7 +246,7 @@ def _add_pair(cmp: OpComparison, name: str, dev: Any, ref: Any) -> None:
 def _walk_outputs(cmp: OpComparison, name: str, dev: Any, ref: Any) -> None:
     if isinstance(dev, (list, tuple)) and isinstance(ref, (list, tuple)):
         if len(dev) != len(ref):
-            cmp.outputs.append(OutputLeaf(name, "", "", "", [], special=special_row(
+            cmp.outputs.append(OutputLeaf(name, "", "", "", "[]", special=special_row(
                 name, type(dev).__name__, type(ref).__name__, f"[{len(dev)}]", f"[{len(ref)}]", dm.UNMATCHED,
                 "device and reference results differ in structure", figure="shape unmatched")))
             return
@@ -256,15 +281,16 @@ def _walk_inputs(cmp: OpComparison, name: str, dev: Any, ref: Any) -> None:
     if isinstance(ref, torch.Tensor) and isinstance(dev, torch.Tensor):
         numel = ref.numel()
         dtype = ref.dtype
-        leaf = InputLeaf(name, str(dev.dtype), str(dtype), list(ref.shape), dtype.is_floating_point or dtype.is_complex,
-                         numel)
+        index = -1
         if numel:
-            leaf.index = len(cmp.stat_tensors)
+            index = len(cmp.stat_tensors)
             cmp.stat_tensors.append(_real(ref))
-        cmp.inputs.append(leaf)
+        cmp.inputs.append(InputLeaf(dtype.is_floating_point or dtype.is_complex, numel, True, index))
+        cmp.input_cells.append(input_row(name, str(dev.dtype), str(dtype), shape_text(ref.shape), NO_STATS))
     elif isinstance(ref, (list, tuple)) and isinstance(dev, (list, tuple)):
         for i, (d, r) in enumerate(zip(dev, ref)):
             _walk_inputs(cmp, f"{name}.{i}", d, r)
     elif isinstance(ref, _SCALARS) and isinstance(dev, _SCALARS):
-        cmp.inputs.append(InputLeaf(name, str(type(dev)), str(type(ref)), [], isinstance(ref, float), 1,
-                                    tensor=False, value=float(ref)))
+        value = float(ref)
+        cmp.inputs.append(InputLeaf(isinstance(ref, float), 1, False, -1, value))
+        cmp.input_cells.append(input_row(name, str(type(dev)), str(type(ref)), "[]", (value, value, value)))

@@ -345,8 +345,8 @@ class OnlineDispatchMode(TorchDispatchMode):
         idx = self._counters.get(info.api, 0) + 1
         self._counters[info.api] = idx
         job.prefix = f"{info.api}_{idx}"
-        job.cmp = cmp = leaf_pairs.OpComparison(job.prefix, chained=info.chained,
-                                                rounded_once_terms=reference.rounded_once_terms(job.func, job.args))
+        job.cmp = cmp = leaf_pairs.OpComparison(
+            job.prefix, info.chained, reference.rounded_once_terms(job.func, job.args) if info.rounded_once else 0)
         ref = job.ref
         leaf_pairs.collect_inputs(cmp, job.args, job.kwargs,
                                   ref.pristine_args if ref.pristine_args is not None else ref.args,

@@ -38,7 +38,8 @@ def has_dtensor(types: Any) -> bool:
 class OpInfo:
     """What the mode needs about one overload, computed once."""
 
-    __slots__ = ("api", "overload", "half_to_float", "written", "skip", "on_host", "per_call", "chained", "name")
+    __slots__ = ("api", "overload", "half_to_float", "written", "skip", "on_host", "per_call", "chained", "name",
+                 "rounded_once")
 
     def __init__(self, func: Any) -> None:
         self.name = str(func)  # the summary's and the error records' key, once (str() of an overload is not free)
@@ -46,6 +47,7 @@ class OpInfo:
         self.skip = skip_list.skip_reason(func)
         self.per_call = skip_list.call_rule(func)  # attention: skipped only when the call drops out
         self.chained = skip_list.chains_roundings(func)
+        self.rounded_once = reference.rounds_once(func)  # the FP8 matmuls: their own floor (verdict.rows)
         self.api = func._opname
         self.on_host = reference.host_reference(func) or func
         if func.namespace == "npu":  # torch_npu's fused ops: no CPU kernel, their math is the reference

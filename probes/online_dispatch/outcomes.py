@@ -34,19 +34,20 @@ def record_outcome(results: RunResults, options: DispatchOptions, listed: frozen
     results.compared_by_op[op_name] += 1
     device = "cpu" if job.device is CPU else job.device.type  # (device.type makes a new string each time)
     results.devices[device] = results.devices.get(device, 0) + 1
-    name = f"{job.prefix}_output" if job.prefix is not None else f"{job.info.api}_output"
-    if isinstance(figures, ReferenceFailed):
-        exc = figures.exc
-        results.add_rows([special_row(name, "", "", "", "", "Nan",
-                                      f"reference run failed on cpu: {type(exc).__name__}: {exc}")])
-        return
-    if isinstance(figures, BaseException):
-        results.add_error(op_name, "comparing", figures)
-        results.add_rows([special_row(name, "", "", "", "", "Nan",
-                                      f"comparison failed: {type(figures).__name__}: {figures}")])
-        return
+    if figures.__class__ is not list:  # what stopped the figures: the op's one row says it
+        name = f"{job.prefix}_output" if job.prefix is not None else f"{job.info.api}_output"
+        if isinstance(figures, ReferenceFailed):
+            exc = figures.exc
+            results.add_rows([special_row(name, "", "", "", "", "Nan",
+                                          f"reference run failed on cpu: {type(exc).__name__}: {exc}")])
+            return
+        if isinstance(figures, BaseException):
+            results.add_error(op_name, "comparing", figures)
+            results.add_rows([special_row(name, "", "", "", "", "Nan",
+                                          f"comparison failed: {type(figures).__name__}: {figures}")])
+            return
     in_rows, out_rows = verdict.rows(job.cmp, figures, all_details=options.debug, rule=options.rule)
-    failing = [r for r in out_rows if r.failed]
+    failing = [r for r in out_rows if r.__class__ is not list and r.failed]
     if failing:
         stack = format_stack(job.stack) if job.stack is not None else user_stack()
         for r in failing:

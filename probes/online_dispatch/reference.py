@@ -374,10 +374,15 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
 _ROUNDED_ONCE = frozenset({("aten", "_scaled_mm"), ("npu", "npu_quant_matmul")})
 
 
+def rounds_once(func: Any) -> bool:
+    """Whether the op is one of the FP8 matmuls (asked once per overload: OpInfo)."""
+    return (getattr(func, "namespace", None), getattr(func, "_opname", None)) in _ROUNDED_ONCE
+
+
 def rounded_once_terms(func: Any, args: tuple) -> int:
     """For the FP8 matmuls (whose reference is exact and which a correct kernel rounds once), the
     number of products per output element; 0 for every other op."""
-    if (getattr(func, "namespace", None), getattr(func, "_opname", None)) not in _ROUNDED_ONCE:
+    if not rounds_once(func):
         return 0
     first = args[0] if args else None
     return int(first.shape[-1]) if isinstance(first, torch.Tensor) and first.dim() >= 2 else 0

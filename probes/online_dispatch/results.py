@@ -75,6 +75,10 @@ def _ulps(v: Any) -> Any:
     return float(f"{v:.6g}") if isinstance(v, float) else v
 
 
+NO_STATS = ("", "", "")  # the statistics columns of a row that shows none
+_NO_EXTRA = ("", "", "", "", "")
+ACCURACY_CELL, FAILED_RULE_CELL = 15, 23  # where a row's cells hold its accuracy and FailedRule
+
 # an input row's cells from Cosine on: compared with itself (as documented: Cosine 1, errors 0, Yes),
 # no stack, message, evidence, FailedRule or scaled figure
 _INPUT_TAIL = (format_figure(1.0), format_figure(0.0), format_figure(0.0), YES, "", "", "", "", "", "", "", "", "")
@@ -90,8 +94,16 @@ def output_row(name: str, npu_dtype: str, bench_dtype: str, shape: str, v: LeafV
     """An output leaf; the evidence columns (statistics, MaxRelativeErr, single benchmark, noise
     floor) stay blank unless the leaf failed a rule (verdict.rows fills them); FailedRule and the
     scaled figure are on every output row."""
-    return Row(name, npu_dtype, bench_dtype, shape, shape, ("", "", ""), ("", "", ""), v.cosine, v.max_abs_err,
-               v.max_rel_err, v.accuracy, "", v.message, ("", "", "", "", ""), v.failed_rule, v.scaled_ulps)
+    return Row(name, npu_dtype, bench_dtype, shape, shape, NO_STATS, NO_STATS, v.cosine, v.max_abs_err,
+               v.max_rel_err, v.accuracy, "", v.message, _NO_EXTRA, v.failed_rule, v.scaled_ulps)
+
+
+def passing_output_cells(name: str, npu_dtype: str, bench_dtype: str, shape: str, v: LeafVerdict) -> list[Any]:
+    """The CSV cells of an output leaf that passed and shows no evidence (what output_row(...).cells()
+    gives): a list, not a Row, since most leaves of every op are such, and nothing else reads them."""
+    return [name, name, npu_dtype, bench_dtype, shape, shape, "", "", "", "", "", "", format_figure(v.cosine),
+            format_figure(v.max_abs_err), format_figure(v.max_rel_err), v.accuracy, "", v.message, "", "", "", "",
+            "", v.failed_rule, _ulps(v.scaled_ulps)]
 
 
 def special_row(name: str, npu_dtype: str, bench_dtype: str, npu_shape: str, bench_shape: str,
@@ -134,18 +146,26 @@ class RunResults:
     def __post_init__(self) -> None:
         self.csv = CsvAppender(self.csv_path, COLUMNS + EXTRA_COLUMNS, encoding=ENCODING, newline=LINE_END)
 
-    def add_rows(self, rows: list[Row], inputs: list[list[Any]] = ()) -> None:
-        """An op's rows: its input rows' cells (input_row), then its output rows."""
+    def add_rows(self, rows: list[Row | list[Any]], inputs: list[list[Any]] = ()) -> None:
+        """An op's rows: its input rows' cells (input_row), then its output rows (a Row, or the
+        cells of a passing leaf: passing_output_cells)."""
         accuracy, failed_rules = self.accuracy_counts, self.failed_rules
         if inputs:
             accuracy[YES] += len(inputs)
+        cells = [*inputs]
         for r in rows:
-            if r.accuracy:
-                accuracy[r.accuracy] += 1
-            if r.failed_rule:
-                failed_rules[r.failed_rule] += 1
-        self.csv.add_all([*inputs, *[r.cells() for r in rows]])
-        self.rows_written += len(inputs) + len(rows)
+            if r.__class__ is list:
+                acc, rule = r[ACCURACY_CELL], r[FAILED_RULE_CELL]
+            else:
+                acc, rule = r.accuracy, r.failed_rule
+                r = r.cells()
+            if acc:
+                accuracy[acc] += 1
+            if rule:
+                failed_rules[rule] += 1
+            cells.append(r)
+        self.csv.add_all(cells)
+        self.rows_written += len(cells)
 
     def add_failure(self, failure: FailedOp, op_label: str, overload: str) -> None:
         self.failed_ops.append(failure)

@@ -28,7 +28,7 @@ from probes.core.thresholds import (
 )
 from probes.online_dispatch import figure_parts
 from probes.online_dispatch.leaf_pairs import OpComparison, OutputLeaf, may_overflow, overflowed_as
-from probes.online_dispatch.results import Row, input_row, output_row
+from probes.online_dispatch.results import Row, output_row, passing_output_cells
 
 
 def _eps(t: torch.Tensor) -> float | None:
@@ -133,9 +133,10 @@ def input_statistics(stat_tensors: list[torch.Tensor]) -> list[list[float]]:
 
 
 def rows(cmp: OpComparison, out_figs: list[list[float]], all_details: bool = False,
-         rule: str = rules.BOTH) -> tuple[list[list[Any]], list[Row]]:
+         rule: str = rules.BOTH) -> tuple[list[list[Any]], list[Row | list[Any]]]:
     """(input rows' cells, output rows) of one op, outputs judged by `rule` (the documented rule, the
-    scaled rule, or both: a leaf fails when either fails) + noise floor.
+    scaled rule, or both: a leaf fails when either fails) + noise floor. An output leaf that
+    passes without evidence is given as its cells (results.passing_output_cells), every other as a Row.
 
     A leaf is first judged without the floor; only a leaf that fails needs the noise floor,
     so only then are the magnitudes measured (its own two sides and the op's inputs: the floor's
@@ -144,35 +145,47 @@ def rows(cmp: OpComparison, out_figs: list[list[float]], all_details: bool = Fal
     and the statistics of the input rows: a clean op pays for none of it.
     """
     judged: list[tuple[OutputLeaf, Any]] = []
-    suspects: list[OutputLeaf] = []
+    suspects = False
     for leaf in cmp.outputs:
         if leaf.special is None:
             v = dm.judge(out_figs[leaf.index], leaf.numel, leaf.dtype_name, 0.0, rule, leaf.tensor, cmp.chained)
             judged.append((leaf, v))
             if all_details or v.failed:
-                suspects.append(leaf)
-    in_stats: list[list[float]] | None = None
-    evidence: dict[int, list[float]] = {}
+                suspects = True
+    if not suspects:  # the usual op: no statistics, every judged leaf's verdict stands
+        verdicts = iter(judged)
+        out_rows: list[Row | list[Any]] = []
+        for leaf in cmp.outputs:
+            if leaf.special is not None:
+                _append_special(out_rows, leaf.special, rule)
+            else:
+                v = next(verdicts)[1]
+                out_rows.append(passing_output_cells(leaf.name, leaf.dev_dtype, leaf.ref_dtype, leaf.shape, v))
+        return cmp.input_cells, out_rows
+    return _rows_with_evidence(cmp, out_figs, all_details, rule, judged)
+
+
+def _rows_with_evidence(cmp: OpComparison, out_figs: list[list[float]], all_details: bool, rule: str,
+                        judged: list[tuple[OutputLeaf, Any]]) -> tuple[list[list[Any]], list[Row | list[Any]]]:
+    """`rows` of an op with a leaf that failed without the floor (or of every op, `all_details`)."""
+    suspects = [leaf for leaf, v in judged if all_details or v.failed]
+    in_stats = input_statistics(cmp.stat_tensors)
+    evidence = _evidence(cmp, suspects)
     in_scale, biggest = 0.0, 1
-    if suspects:
-        in_stats = input_statistics(cmp.stat_tensors)
-        evidence = _evidence(cmp, suspects)
-        biggest = max([leaf.numel for leaf in cmp.inputs if leaf.is_float and leaf.tensor] + [1])
-        for leaf in cmp.inputs:
-            if leaf.is_float and leaf.index >= 0:
-                in_scale = max(in_scale, df.finite_abs_max(in_stats[leaf.index][0], in_stats[leaf.index][1]))
-            elif leaf.is_float and not leaf.tensor:
-                in_scale = max(in_scale, abs(leaf.value))
+    biggest = max([leaf.numel for leaf in cmp.inputs if leaf.is_float and leaf.tensor] + [1])
+    for leaf in cmp.inputs:
+        if leaf.is_float and leaf.index >= 0:
+            in_scale = max(in_scale, df.finite_abs_max(in_stats[leaf.index][0], in_stats[leaf.index][1]))
+        elif leaf.is_float and not leaf.tensor:
+            in_scale = max(in_scale, abs(leaf.value))
     verdicts = {id(leaf): v for leaf, v in judged}
-    out_rows: list[Row] = []
+    out_rows: list[Row | list[Any]] = []
     for leaf in cmp.outputs:
         if leaf.special is not None:
-            if leaf.special.failed:
-                leaf.special.failed_rule = dm.rule_label(rule != rules.SCALED, rule != rules.REFERENCE)
-            out_rows.append(leaf.special)
+            _append_special(out_rows, leaf.special, rule)
             continue
         verdict = verdicts[id(leaf)]
-        ev = evidence.get(leaf.index) if suspects else None
+        ev = evidence.get(leaf.index)
         if ev is not None:
             numel = leaf.numel
             out_scale = max(df.finite_abs_max(ev[0], ev[1]), df.finite_abs_max(ev[df.STAT_COUNT], ev[df.STAT_COUNT + 1]))
@@ -181,23 +194,23 @@ def rows(cmp: OpComparison, out_figs: list[list[float]], all_details: bool = Fal
             else:
                 floor = dm.noise_floor(leaf.dtype_name, max(in_scale, out_scale), biggest / numel)
             verdict = dm.judge(out_figs[leaf.index], numel, leaf.dtype_name, floor, rule, leaf.tensor, cmp.chained)
-        row = output_row(leaf.name, leaf.dev_dtype, leaf.ref_dtype, str(leaf.shape), verdict)
+        row = output_row(leaf.name, leaf.dev_dtype, leaf.ref_dtype, leaf.shape, verdict)
         if ev is not None:
             _fill_row(row, leaf, ev, verdict.floor)
         out_rows.append(row)
     in_rows: list[list[Any]] = []
-    for leaf in cmp.inputs:
-        if not leaf.tensor:
-            stats: tuple[Any, Any, Any] = (leaf.value, leaf.value, leaf.value)
-        elif leaf.index >= 0 and in_stats is not None:
+    for leaf, cells in zip(cmp.inputs, cmp.input_cells):
+        if leaf.index >= 0:
             stats = _mean_stats(in_stats[leaf.index])
-        else:
-            stats = _NO_STATS
-        in_rows.append(input_row(leaf.name, leaf.dev_dtype, leaf.ref_dtype, str(leaf.shape), stats))
+            cells = [*cells[:6], *stats, *stats, *cells[12:]]
+        in_rows.append(cells)
     return in_rows, out_rows
 
 
-_NO_STATS = ("", "", "")
+def _append_special(out_rows: list[Row | list[Any]], special: Row, rule: str) -> None:
+    if special.failed:
+        special.failed_rule = dm.rule_label(rule != rules.SCALED, rule != rules.REFERENCE)
+    out_rows.append(special)
 
 
 def _mean_stats(st: list[float]) -> tuple[float, float, float]:

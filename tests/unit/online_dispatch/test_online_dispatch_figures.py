@@ -61,6 +61,47 @@ def test_an_input_row_is_the_cells_of_a_row_compared_with_itself():
         assert results.input_row("mm_1_input.0", "torch.float32", "torch.float64", "[4, 8]", st) == row.cells()
 
 
+@pytest.mark.parametrize("figs, numel, dtype_name", [
+    ([0.5, 0.25, 1.0, 1e-7, 0.0, 8.0, 1e-7], 8, "float32"),  # passes: cosine and errors printed
+    ([1.0, 1.0, 1.0, 0.0, 0.0, 1.0, 0.0], 1, "float32"),  # one element: "unsupported", a message
+    ([0.0, 0.0, 0.0, 0.0, 0.0, 4.0, 0.0], 4, "float32"),  # both sides zero: cosine 1.0
+    ([3.0, 9.0, 1.0, 0.0, 0.0, 3.0, -1.0], 3, "int64"),  # exact dtype, no scaled figure
+])
+def test_a_passing_output_leafs_cells_are_those_of_its_row(figs, numel, dtype_name):
+    v = verdict.dm.judge(figs, numel, dtype_name, 0.0)
+    assert not v.failed
+    args = ("mm_3_output", "torch.float32", "torch.float64", "[4, 8]", v)
+    assert results.passing_output_cells(*args) == results.output_row(*args).cells()
+
+
+def test_shape_texts_are_the_csv_rendering_and_their_cache_stays_bounded(monkeypatch):
+    monkeypatch.setattr(leaf_pairs, "_SHAPE_TEXTS", {})
+    monkeypatch.setattr(leaf_pairs, "_SHAPE_TEXTS_KEPT", 3)
+    for n in range(1, 8):
+        shape = torch.Size([n, 2 * n])
+        assert leaf_pairs.shape_text(shape) == str(list(shape)) == leaf_pairs.shape_text(shape)
+        assert len(leaf_pairs._SHAPE_TEXTS) <= 3
+    assert leaf_pairs.shape_text(torch.Size([])) == "[]"
+
+
+def test_rows_of_a_passing_and_a_failing_op(tmp_path):
+    """A passing op's input rows show no statistics, a failing op's show them (and a scalar input
+    its value either way); a passing output row is counted as passing."""
+    x = torch.randn(4, 8)
+    negative = -x.abs() - 0.5  # the seeded defect loses the sign of negative inputs
+    d = PtdbgDispatch(dump_path=str(tmp_path))
+    with d:
+        torch.add(x, 2.5)
+        torch.ops.seeded_dispatch.scaled_tanh(negative)
+    rows = {r["NPU Name"]: r for r in read_rows(d.run_dir)}
+    assert rows["add_1_input.0"]["NPU max"] == "" and rows["add_1_input.1"]["NPU max"] == "2.5"
+    assert rows["add_1_output"]["Accuracy Reached or Not"] == "Yes"
+    assert float(rows["scaled_tanh_1_input.0"]["NPU max"]) == float(negative.max())
+    assert rows["scaled_tanh_1_output"]["Accuracy Reached or Not"] == "No"
+    s = summary(d.run_dir)
+    assert s["accuracy"] == {"Yes": 4, "No": 1} and s["rows"] == 5
+
+
 def test_nonfinite_values_take_the_masked_pass_as_before():
     dev = torch.tensor([1.0, float("inf"), float("nan"), 2.0])
     ref = torch.tensor([1.0, float("inf"), 3.0, 2.0], dtype=torch.float64)

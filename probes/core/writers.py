@@ -89,15 +89,18 @@ def process_umask() -> int:
 UMASK = process_umask()
 
 
-def write_text_atomic(path: str | os.PathLike, text: str, encoding: str = "utf-8", mode: int | None = None) -> Path:
+def write_text_atomic(path: str | os.PathLike, text: str, encoding: str = "utf-8", mode: int | None = None,
+                      make_dir: Callable[[str], object] | None = None) -> Path:
     """`write_bytes_atomic` of the encoded text."""
-    return write_bytes_atomic(path, text.encode(encoding), mode)
+    return write_bytes_atomic(path, text.encode(encoding), mode, make_dir)
 
 
-def write_bytes_atomic(path: str | os.PathLike, data: bytes, mode: int | None = None) -> Path:
+def write_bytes_atomic(path: str | os.PathLike, data: bytes, mode: int | None = None,
+                       make_dir: Callable[[str], object] | None = None) -> Path:
     """Write a file through a temporary file and a rename, so a reader never sees half a file. A
     few system calls: probes write one per step (the temporary's name is this process's and
-    thread's own, so concurrent writers never share one)."""
+    thread's own, so concurrent writers never share one). A missing folder is made by `make_dir`
+    (default: os.makedirs), only when the first open finds it missing: no check beforehand."""
     target = os.fspath(path)
     tmp = f"{target}.{os.getpid()}.{threading.get_ident()}.tmp"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
@@ -105,7 +108,11 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes, mode: int | None = 
     try:
         fd = os.open(tmp, flags, perm)
     except FileNotFoundError:  # the folder does not exist yet
-        os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+        folder = os.path.dirname(target) or "."
+        if make_dir is None:
+            os.makedirs(folder, exist_ok=True)
+        else:
+            make_dir(folder)
         fd = os.open(tmp, flags, perm)
     except FileExistsError:  # a temporary left by a killed writer of this pid and thread id
         os.unlink(tmp)

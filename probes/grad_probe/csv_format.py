@@ -117,13 +117,13 @@ def write_summary_csv(
 ) -> Path:
     """Write (replace) one step's grad_summary CSV: header always, then one row per record."""
     width = len(FP8_HEALTH_FIGURES) * len(fp8)
-    rows = [_header(level, tuple(bounds), tuple(fp8))] + [row_cells(level, s, width) for s in stats]
-    return _write_text_atomic(path, render_csv(rows))
+    rows = [row_cells(level, s, width) for s in stats]
+    return _write_text_atomic(path, _header_text(level, tuple(bounds), tuple(fp8)) + render_csv(rows))
 
 
 @functools.lru_cache(maxsize=64)
-def _header(level: str, bounds: tuple, fp8: tuple = ()) -> list[str]:
-    return header(level, bounds, fp8)
+def _header_text(level: str, bounds: tuple, fp8: tuple = ()) -> str:
+    return render_csv([header(level, bounds, fp8)])
 
 
 def write_direction(path: str | os.PathLike[str], positive: Any) -> str:
@@ -132,7 +132,9 @@ def write_direction(path: str | os.PathLike[str], positive: Any) -> str:
     import numpy as np
 
     path = os.fspath(path)
-    arr = np.ascontiguousarray(positive, dtype=bool)
+    arr = np.asarray(positive, dtype=bool)
+    if not arr.flags.c_contiguous:  # (np.ascontiguousarray would make a 0-d array 1-d)
+        arr = np.array(arr, order="C")
     try:
         fd, created = _open_new(path)
     except FileNotFoundError:  # the step's folder is new
@@ -280,8 +282,7 @@ def make_step_dir(path: str) -> None:
 
 
 def _write_text_atomic(path: str | os.PathLike[str], text: str, encoding: str = ENCODING) -> Path:
-    make_dirs(os.path.dirname(os.fspath(path)))
-    return write_text_atomic(path, text, encoding=encoding, mode=FILE_MODE)
+    return write_text_atomic(path, text, encoding=encoding, mode=FILE_MODE, make_dir=make_dirs)
 
 
 def _chmod(path: str | os.PathLike[str], mode: int) -> None:

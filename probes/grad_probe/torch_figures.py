@@ -19,11 +19,12 @@ import torch
 from probes.backends import torch_shards, torch_xp
 from probes.backends.torch_backend import widest_float
 from probes.grad_probe import stats
+from probes.grad_probe.host_figures import HOST_FIGURES_ELEMENTS, Squares, host_figures
 from probes.grad_probe.monitor_common import MonitorBase
 from probes.grad_probe.step_files import StepFigure
+from probes.grad_probe.torch_signs import host_view, signs
 
-__all__ = ["BATCH_ELEMENTS", "HOST_SIGNS_ELEMENTS", "Block", "TorchStepFigures", "grad_of", "host_signs",
-           "local_device", "partitioning", "signs", "to_host_packed"]
+__all__ = ["BATCH_ELEMENTS", "Block", "TorchStepFigures", "grad_of", "local_device", "partitioning", "to_host_packed"]
 
 log = logging.getLogger("probes.grad_probe")
 
@@ -38,19 +39,23 @@ class Block(NamedTuple):
     # (name, shape, local shape, payload elements, slice index) of each parameter, in column order;
     # shape is the full parameter's, local shape and slice index what this rank holds of it
     members: list[tuple[str, tuple, tuple, int, Any]]
-    columns: torch.Tensor  # (width, len(members)) statistics on the device, a column per parameter
-    payload: torch.Tensor  # the members' flat payloads, concatenated
+    # (width, len(members)) statistics on the device, a column per parameter; or, taken on the host
+    # (host_figures), their rows
+    columns: torch.Tensor | list[list[float]]
+    payload: Any  # the members' flat payloads, concatenated (a torch tensor, or a host array)
     sharded: bool = False  # columns end with the "had it" and "failed" counts (see _sharded_block)
 
 
 class TorchStepFigures:
     """One step of a PyTorch monitor (``GradMonitor``): its config and book-keeping are the
-    monitor's; ``logged_none`` is the monitor's set of parameters already logged without a gradient."""
+    monitor's; ``logged_none`` is the monitor's set of parameters already logged without a gradient,
+    ``squares`` its buffer for host figures."""
 
-    def __init__(self, monitor: MonitorBase, backend: Any, logged_none: set[str]) -> None:
+    def __init__(self, monitor: MonitorBase, backend: Any, logged_none: set[str], squares: Squares) -> None:
         self.monitor = monitor
         self.backend = backend
         self.logged_none = logged_none
+        self.squares = squares
         self.level = monitor.level
 
     def computing(self) -> AbstractContextManager[Any]:
@@ -68,7 +73,8 @@ class TorchStepFigures:
             log.info("grad_probe: parameter %s has no gradient at step %d (logged once)", name, step)
 
     def take(self, name: str, g: torch.Tensor) -> tuple[str, torch.Tensor]:
-        g = g.detach()
+        if g.requires_grad:
+            g = g.detach()
         if not g.is_floating_point():
             raise TypeError(f"gradient of dtype {g.dtype} is not a real floating-point tensor")
         if g.layout != torch.strided:
@@ -109,27 +115,28 @@ class TorchStepFigures:
         enough are reduced together by batched kernels; a large or empty one on its own, chunk by
         chunk (stats.stat_vector). A batch that fails is taken again parameter by parameter, so
         only the parameters that really fail lose their row."""
-        batches: dict[tuple[Any, Any], list[tuple[str, torch.Tensor]]] = {}  # the open batch of each (device, dtype)
-        sizes: dict[tuple[Any, Any], int] = {}
-        done: list[list[tuple[str, torch.Tensor]]] = []
+        batches: dict[Any, list[tuple[str, torch.Tensor]]] = {}  # the open batch of each (device, dtype)
+        sizes: dict[Any, int] = {}
+        done: list[tuple[list[tuple[str, torch.Tensor]], bool]] = []  # (batch, taken on the host)
         single: list[tuple[str, torch.Tensor]] = []
         for name, g in grads:
             n = g.numel()
             if n == 0 or n > stats.CHUNK_ELEMENTS:
                 single.append((name, g))
                 continue
-            key = (g.device, g.dtype)
+            host = n <= HOST_FIGURES_ELEMENTS and host_view(g)
+            key = _HOST if host else (g.device, g.dtype)
             group = batches.get(key)
-            if group is None or sizes[key] + n > BATCH_ELEMENTS:
+            if group is None or sizes[key] + n > (HOST_FIGURES_ELEMENTS if host else BATCH_ELEMENTS):
                 group = batches[key] = []
-                done.append(group)
+                done.append((group, host))
                 sizes[key] = 0
             sizes[key] += n
             group.append((name, g))
         blocks: list[Block] = []
-        for batch in done:
+        for batch, host in done:
             try:
-                blocks.append(self._block(batch, batched=True))
+                blocks.append(self._host_block(batch) if host else self._block(batch, batched=True))
             except Exception:
                 single += batch
         for name, g in single:
@@ -140,6 +147,22 @@ class TorchStepFigures:
                     raise  # recorded once, by on_step
                 self.monitor.record_error(step, name, exc)
         return blocks
+
+    def _host_block(self, batch: list[tuple[str, torch.Tensor]]) -> Block:
+        mon = self.monitor
+        gs = [g for _name, g in batch]
+        rows, payload = host_figures([g.numpy().reshape(-1) for g in gs], self.squares, self.level == "L0",
+                                     mon.bounds if mon.histogram else None)
+        for row, g in zip(rows, gs):
+            if row[0] == 0.0 or row[1] == 0.0:  # which signed zero: the device path's kernels say
+                row[:2] = [float(g.double().amax()), float(g.double().amin())] if mon.histogram else [
+                    float(v) for v in reversed(g.aminmax())]
+        if mon.fp8_formats:
+            fp8 = self._fp8_rows(self.backend.namespace(gs[0]), gs, torch.float64, gs[0].device)
+            for row, health in zip(rows, fp8.T.tolist()):
+                row += health
+        mon.compute_dtypes.add("float64")
+        return Block([(name, tuple(g.shape), tuple(g.shape), g.numel(), None) for name, g in batch], rows, payload)
 
     def _block(self, batch: list[tuple[str, torch.Tensor]], batched: bool) -> Block:
         mon = self.monitor
@@ -273,8 +296,11 @@ def to_host_packed(items: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple
     on the device and split on the host (a payload already on the host, `host_signs`, is kept)."""
     out: list[tuple[list[list[float]], Any]] = [([], None) for _ in items]
     by_device: dict[Any, list[int]] = {}
-    for i, (columns, _payload) in enumerate(items):
-        by_device.setdefault(columns.device, []).append(i)
+    for i, (columns, payload) in enumerate(items):
+        if isinstance(columns, list):  # taken on the host
+            out[i] = (columns, payload)
+        else:
+            by_device.setdefault(columns.device, []).append(i)
     for idx in by_device.values():
         parts = []
         for i in idx:
@@ -300,56 +326,7 @@ def to_host_packed(items: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple
 _NUMPY = {torch.float64: "float64", torch.float32: "float32", torch.bool: "bool"}
 
 
-#: NumPy's comparison costs ~2 us a tensor and ~0.1 ns an element, torch's (a concatenation, a
-#: bool kernel, bytes in the host copy) ~9 us in all and ~0.7 ns an element: NumPy's is cheaper once
-#: the gradients average this many elements
-HOST_SIGNS_ELEMENTS = 4096
-
-
-def signs(flats: list[torch.Tensor]) -> Any:
-    """The direction files' ``g > 0`` of flat gradients, concatenated: on the host when NumPy can
-    read them in place and they are large enough for that to pay (`host_signs`), else by torch on
-    their device (its bytes then travel in the step's one host copy)."""
-    if sum(f.numel() for f in flats) >= HOST_SIGNS_ELEMENTS * len(flats):
-        try:
-            host = host_signs(flats)
-        except (RuntimeError, TypeError, ValueError):  # a tensor NumPy refuses after all: torch's way
-            host = None
-        if host is not None:
-            return host
-    return (torch.cat(flats) if len(flats) > 1 else flats[0]) > 0
-
-
-#: bfloat16's bit patterns of the positive non-NaN values, shifted down by one, are those below this
-_BF16_POSITIVE_BELOW = np.uint16(0x7F80)
-
-
-def host_signs(flats: list[torch.Tensor]) -> np.ndarray | None:
-    """``g > 0`` of flat CPU gradients into one new host array, by NumPy reading the gradients'
-    memory in place: torch's CPU comparison into a bool tensor costs several additions' time, and
-    its result needs a concatenation and a host copy besides. NumPy's ``>`` has IEEE semantics
-    (NaN and -0.0 are not positive), so the bytes are torch's. bfloat16, which NumPy lacks, is
-    read by its bits: ``x > 0`` exactly when ``bits - 1`` (unsigned, wrapping) is below 0x7F80,
-    i.e. the bits lie in [0x0001, 0x7F80], the positive numbers up to +inf. None when some
-    gradient is not a plain CPU tensor NumPy can view."""
-    for f in flats:
-        if (type(f) is not torch.Tensor or f.device.type != "cpu" or f.dtype not in _HOST_SIGN_DTYPES
-                or f.requires_grad or f.is_neg()):
-            return None
-    out = np.empty(sum(f.numel() for f in flats), dtype=bool)
-    pos = 0
-    for f in flats:
-        n = f.numel()
-        if f.dtype == torch.bfloat16:
-            bits = f.view(torch.int16).numpy().view(np.uint16)
-            np.less(bits - np.uint16(1), _BF16_POSITIVE_BELOW, out=out[pos : pos + n])
-        else:
-            np.greater(f.numpy(), 0, out=out[pos : pos + n])
-        pos += n
-    return out
-
-
-_HOST_SIGN_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_HOST = ("host",)  # the batch key of the gradients whose figures NumPy takes
 
 
 def partitioning(p: torch.Tensor) -> torch_shards.PartitionedParams | None:

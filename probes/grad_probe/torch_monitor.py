@@ -46,6 +46,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from probes.backends.torch_backend import BACKEND
 from probes.core.config import ProbeConfig
 from probes.core.errors import ProbeError
+from probes.grad_probe.host_figures import Squares
 from probes.grad_probe.monitor_common import MAX_ERRORS, SUMMARY_INTERVAL_S, MonitorBase, check_param_list  # noqa: F401 - MAX_ERRORS, SUMMARY_INTERVAL_S re-exported
 from probes.grad_probe.step_files import dump_step
 from probes.grad_probe.torch_figures import BATCH_ELEMENTS, TorchStepFigures, partitioning  # noqa: F401 - BATCH_ELEMENTS re-exported
@@ -84,6 +85,7 @@ class GradMonitor(MonitorBase):
         self._handles: list[Any] = []
         self._global_handle: Any = None
         self._logged_none: set[str] = set()
+        self._squares = Squares()  # the host figures' buffer, kept from step to step
 
         if model_or_params is not None or optimizers is not None:
             self.monitor(model_or_params, optimizers)
@@ -204,7 +206,7 @@ class GradMonitor(MonitorBase):
     def _dump(self, step: int, write: bool = True) -> None:
         """Take and write one step's figures. ``write=False``: only this rank's share of the sharded
         parameters' collective (a rank the rank filter leaves out: the others wait for it)."""
-        dump_step(self, step, TorchStepFigures(self, self.backend, self._logged_none), write)
+        dump_step(self, step, TorchStepFigures(self, self.backend, self._logged_none, self._squares), write)
 
     def _resolve_rank(self) -> int:
         return int(self.backend.rank())

@@ -14,8 +14,8 @@ torch = pytest.importorskip("torch")
 
 from grad_runs import step_with_grads  # noqa: E402
 
-from probes.grad_probe import GradComparator, torch_figures  # noqa: E402
-from probes.grad_probe.torch_figures import host_signs, signs  # noqa: E402
+from probes.grad_probe import GradComparator, torch_figures, torch_signs  # noqa: E402
+from probes.grad_probe.torch_signs import host_signs, signs  # noqa: E402
 from probes.pytorch import PrecisionDebugger  # noqa: E402
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
@@ -67,14 +67,20 @@ def test_what_numpy_cannot_view_is_compared_by_torch() -> None:
         assert signs([t]).tolist() == want * 2000
 
 
-@pytest.mark.parametrize("large", [True, False], ids=["numpy", "torch"])
+@pytest.mark.parametrize("host", [True, False], ids=["host figures", "device figures"])
+@pytest.mark.parametrize("large", [True, False], ids=["large", "small"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_direction_files_are_np_save_of_g_gt_0(tmp_path: Path, monkeypatch, dtype: torch.dtype, large: bool) -> None:
-    """The files of a step whose gradients hold the awkward values, batched: large gradients (their
-    signs taken by NumPy) and small ones (by torch, cheaper there)."""
+def test_direction_files_are_np_save_of_g_gt_0(tmp_path: Path, monkeypatch, dtype: torch.dtype, large: bool,
+                                                host: bool) -> None:
+    """The files of a step whose gradients hold the awkward values, batched: the figures of a dtype
+    NumPy has taken on the host (host_figures), the others' (bfloat16, or all of them when the host
+    path is off) by torch, with the signs of large gradients taken by NumPy (host_signs) and of
+    small ones by torch (cheaper there)."""
     taken: list[bool] = []
-    real = torch_figures.host_signs
-    monkeypatch.setattr(torch_figures, "host_signs", lambda flats: taken.append(True) or real(flats))
+    real = torch_signs.host_signs
+    monkeypatch.setattr(torch_signs, "host_signs", lambda flats: taken.append(True) or real(flats))
+    if not host:
+        monkeypatch.setattr(torch_figures, "HOST_FIGURES_ELEMENTS", 0)
     t = awkward(dtype)
     t = t.repeat(20000 // t.numel() + 1) if large else t[:16]
     grads = {"a": t, "b": t.flip(0).reshape(1, -1), "c": t[: 5].clone(), "d": torch.randn(3, 4).to(dtype)}
@@ -84,7 +90,7 @@ def test_direction_files_are_np_save_of_g_gt_0(tmp_path: Path, monkeypatch, dtyp
         assert got == npy_bytes((g > 0).numpy()), name
         assert (tmp_path / "rank0" / "step0" / f"{name}.npy").stat().st_mode & 0o777 == 0o640
     assert (tmp_path / "rank0" / "step0").stat().st_mode & 0o777 == 0o750  # whatever the umask
-    assert bool(taken) == large
+    assert bool(taken) == (large and (dtype == torch.bfloat16 or not host))
 
 
 def _run(root: Path, flip_from: int | None = None) -> None:

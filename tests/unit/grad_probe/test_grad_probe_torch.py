@@ -534,16 +534,17 @@ def test_bfloat16_model_stats_in_float64(tmp_path: Path) -> None:
 
 
 def test_batched_statistics_match_one_by_one_and_stay_exact_where_they_must(tmp_path, monkeypatch):
-    """A step's small gradients are reduced together (_foreach kernels): max and min exactly as
-    one by one, the norm to the last digit or so; inf, NaN, -0.0, empty, bf16 and a gradient larger
-    than a chunk all keep their own row, in the parameters' order."""
+    """A step's small gradients are reduced together (NumPy on the host, _foreach kernels for
+    bfloat16): max and min exactly as one by one, the norm to the last digit or so; inf, NaN, -0.0,
+    empty, bf16 and a gradient larger than a chunk all keep their own row, in the parameters' order."""
 
     from probes.backends import torch_xp
-    from probes.grad_probe import torch_monitor
+    from probes.grad_probe import torch_figures, torch_monitor
 
-    calls = []
-    real = torch_xp.extrema
+    calls, host = [], []
+    real, real_host = torch_xp.extrema, torch_figures.host_figures
     monkeypatch.setattr(torch_xp, "extrema", lambda xs, dtype: calls.append(len(xs)) or real(xs, dtype))
+    monkeypatch.setattr(torch_figures, "host_figures", lambda views, *a: host.append(len(views)) or real_host(views, *a))
     monkeypatch.setattr(stats, "CHUNK_ELEMENTS", 1000)  # "large": more than 1000 elements
     grads = {
         "a": torch.randn(7, 5),
@@ -556,7 +557,7 @@ def test_batched_statistics_match_one_by_one_and_stay_exact_where_they_must(tmp_
         "b": torch.randn(3),
     }
     step_with_grads(tmp_path, grads)
-    assert sorted(calls) == [1, 5]  # float32 small ones together, the bf16 one in its own batch
+    assert host == [5] and calls == [1]  # float32 small ones together, the bf16 one in its own batch
     rows = list(csv.reader((tmp_path / "rank0" / "grad_summary_0.csv").read_text(encoding="utf-8-sig").splitlines()))
     assert [r[0] for r in rows[1:]] == list(grads)
     for row in rows[1:]:
@@ -576,11 +577,13 @@ def test_batched_statistics_match_one_by_one_and_stay_exact_where_they_must(tmp_
 
 def test_a_batch_that_fails_is_taken_again_parameter_by_parameter(tmp_path, monkeypatch):
     from probes.backends import torch_xp
+    from probes.grad_probe import torch_figures
 
-    def broken(xs, dtype):
+    def broken(xs, *args):
         raise RuntimeError("no _foreach kernel for this device")
 
     monkeypatch.setattr(torch_xp, "extrema", broken)
+    monkeypatch.setattr(torch_figures, "host_figures", broken)
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     dbg = PrecisionDebugger(config={"task": "grad_probe", "dump_path": str(tmp_path), "grad_probe": {"grad_level": "L1"}})

@@ -31,7 +31,9 @@ def scan(args: tuple, kwargs: dict) -> tuple[torch.device | None, bool, int]:
     found: torch.device | None = None
     plain = True
     nbytes = 0
-    stack: list[Any] = [args, kwargs] if kwargs else [args]
+    # popped from the end: the keyword values last to first, then the positional arguments, each
+    # container's items last to first (the order the device is found in)
+    stack: list[Any] = [*args, *kwargs.values()] if kwargs else [*args]
     while stack:
         x = stack.pop()
         if isinstance(x, torch.Tensor):

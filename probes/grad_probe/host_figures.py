@@ -28,12 +28,15 @@ HOST_FIGURES_ELEMENTS = 1 << 21
 
 class Squares:
     """The float64 buffer a monitor's steps square their gradients into, grown when a step needs
-    more (a monitor runs its steps on one thread at a time)."""
+    more, up to HOST_FIGURES_ELEMENTS (a larger request gets an array of its own); a monitor runs
+    its steps on one thread at a time."""
 
     def __init__(self) -> None:
         self._buffer = np.empty(0, dtype=np.float64)
 
     def take(self, n: int) -> np.ndarray:
+        if n > HOST_FIGURES_ELEMENTS:
+            return np.empty(n, dtype=np.float64)
         if self._buffer.size < n:
             self._buffer = np.empty(n, dtype=np.float64)
         return self._buffer[:n]

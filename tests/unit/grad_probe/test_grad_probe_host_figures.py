@@ -66,7 +66,7 @@ def test_host_figures_write_the_device_paths_cells(
     grads = grads_of(dtype)
     step_with_grads(tmp_path / "host", grads, level)
     assert calls == [len(grads)]  # one batch for the step
-    monkeypatch.setattr(torch_figures, "HOST_FIGURES_ELEMENTS", 0)  # the device path, on the CPU
+    monkeypatch.setattr(torch_figures, "HOST_FIGURES_AVERAGE", 0)  # the device path, on the CPU
     step_with_grads(tmp_path / "device", grads, level)
     assert calls == [len(grads)]
     host, device = rows(tmp_path / "host"), rows(tmp_path / "device")
@@ -139,3 +139,33 @@ def test_direction_files_are_np_saves_bytes(tmp_path: Path, shape: tuple[int, ..
         csv_format.write_direction(path, a)
         assert path.read_bytes() == npy_bytes(a)
         a = ~a
+
+
+def test_which_batches_numpy_takes_and_in_what_parts(monkeypatch):
+    """Small gradients on average: NumPy, in parts its squares buffer holds; large ones on
+    average, or one NumPy cannot read in place: the device path."""
+    small = [(f"p{i}", torch.ones(4)) for i in range(5)]
+    assert torch_figures.host_parts(small) == [small]
+    large = [("w", torch.ones(torch_figures.HOST_FIGURES_AVERAGE)), ("b", torch.ones(1))]
+    assert torch_figures.host_parts(large[:1]) is None and torch_figures.host_parts(large) is not None
+    assert torch_figures.host_parts(small + [("x", torch.ones(4, requires_grad=True))]) is None
+    monkeypatch.setattr(torch_figures, "HOST_FIGURES_ELEMENTS", 9)
+    parts = torch_figures.host_parts(small + [("big", torch.ones(12))] + small[:1])
+    assert [[name for name, _ in part] for part in parts] == [
+        ["p0", "p1"],
+        ["p2", "p3"],
+        ["p4"],
+        ["big"],
+        ["p0"],
+    ]
+
+
+def test_the_squares_buffer_is_kept_up_to_its_limit():
+    squares = Squares()
+    a = squares.take(10)
+    assert np.shares_memory(a, squares.take(5))
+    from probes.grad_probe.host_figures import HOST_FIGURES_ELEMENTS
+
+    big = squares.take(HOST_FIGURES_ELEMENTS + 1)
+    assert big.size == HOST_FIGURES_ELEMENTS + 1 and not np.shares_memory(big, squares.take(10))
+    assert np.shares_memory(a, squares.take(10))

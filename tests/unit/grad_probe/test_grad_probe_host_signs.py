@@ -72,15 +72,14 @@ def test_what_numpy_cannot_view_is_compared_by_torch() -> None:
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_direction_files_are_np_save_of_g_gt_0(tmp_path: Path, monkeypatch, dtype: torch.dtype, large: bool,
                                                 host: bool) -> None:
-    """The files of a step whose gradients hold the awkward values, batched: the figures of a dtype
-    NumPy has taken on the host (host_figures), the others' (bfloat16, or all of them when the host
-    path is off) by torch, with the signs of large gradients taken by NumPy (host_signs) and of
-    small ones by torch (cheaper there)."""
+    """The files of a step whose gradients hold the awkward values, batched: small gradients of a
+    dtype NumPy has are taken on the host (host_figures), the others by torch, the signs of large
+    gradients by NumPy (host_signs) and of small ones by torch (cheaper there)."""
     taken: list[bool] = []
     real = torch_signs.host_signs
     monkeypatch.setattr(torch_signs, "host_signs", lambda flats: taken.append(True) or real(flats))
     if not host:
-        monkeypatch.setattr(torch_figures, "HOST_FIGURES_ELEMENTS", 0)
+        monkeypatch.setattr(torch_figures, "HOST_FIGURES_AVERAGE", 0)
     t = awkward(dtype)
     t = t.repeat(20000 // t.numel() + 1) if large else t[:16]
     grads = {"a": t, "b": t.flip(0).reshape(1, -1), "c": t[: 5].clone(), "d": torch.randn(3, 4).to(dtype)}
@@ -90,7 +89,7 @@ def test_direction_files_are_np_save_of_g_gt_0(tmp_path: Path, monkeypatch, dtyp
         assert got == npy_bytes((g > 0).numpy()), name
         assert (tmp_path / "rank0" / "step0" / f"{name}.npy").stat().st_mode & 0o777 == 0o640
     assert (tmp_path / "rank0" / "step0").stat().st_mode & 0o777 == 0o750  # whatever the umask
-    assert bool(taken) == (large and (dtype == torch.bfloat16 or not host))
+    assert bool(taken) == large  # large gradients' figures are the device path's, their signs NumPy's
 
 
 def _run(root: Path, flip_from: int | None = None) -> None:

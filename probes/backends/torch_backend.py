@@ -299,6 +299,10 @@ class TorchBackend(BackendDefaults):
     # True/False for plain CPU tensors, answered on the host at once; None: measure on the device
     host_equal = staticmethod(host_equal)
 
+    def host_workspace(self, t: Any, moves_only: bool = False) -> tuple[Any, Any, Any] | None:
+        """NumPy views for the perturbations of small plain CPU tensors (torch_host.workspace)."""
+        return torch_host.workspace(t, moves_only)
+
     def host_max(self, t: Any) -> Any:
         """The largest element of a plain CPU tensor (read at no transfer's cost), else None."""
         return _max(t).item() if torch_host.plain_cpu(t) and t.numel() else None

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from probes.backends.host_arrays import COMPUTE_DTYPES, bfloat16_as_float32
+from probes.backends.host_arrays import COMPUTE_DTYPES, HOST_ARRAYS, bfloat16_as_float32
 
 #: Tensors up to this many elements are compared with NumPy: below it its single-threaded
 #: passes beat torch's kernels, whose dispatch costs a few microseconds per operator (the ratio
@@ -71,7 +71,29 @@ def compute_view(t: Any, like: Any) -> np.ndarray | None:
     return view if view.dtype in COMPUTE_DTYPES and view.dtype == dtype else view.astype(dtype)
 
 
-# TensorBase's own methods: while a probe runs, torch.Tensor's are its pass-through wrappers
+def workspace(t: Any, moves_only: bool = False) -> tuple[Any, np.ndarray, Any] | None:
+    """(operations, array, back) for free_benchmark's perturbations that only move elements or
+    edit their bits (`moves_only`; their `host_workspace`): a read-only NumPy view of a small
+    plain CPU float tensor, a bfloat16 one's as its int16 bit patterns, on which a mode's few
+    element-wise operations cost ~4 us each against torch's 7-14 (its integer operators with a
+    scalar are the slowest), and `back`, which makes their result (a fresh array) a tensor
+    without a copy. Float arithmetic (add_noise's reference style) stays on torch's kernels,
+    which raise no floating-point warnings."""
+    if not moves_only:
+        return None
+    if t.dtype == torch.bfloat16:
+        bits = host_view(_view(t, torch.int16)) if plain_cpu(t) else None
+        return None if bits is None else (HOST_ARRAYS, bits, _bfloat16_from_bits)
+    view = host_view(t)
+    return None if view is None or view.dtype.kind != "f" else (HOST_ARRAYS, view, _from_numpy)
+
+
+def _bfloat16_from_bits(bits: np.ndarray) -> torch.Tensor:
+    return _view(_from_numpy(bits), torch.bfloat16)
+
+
+# torch's C methods and functions: while a probe runs, the Python-level names are its pass-through wrappers
 _detach = torch._C.TensorBase.detach
 _numpy = torch._C.TensorBase.numpy
 _view = torch._C.TensorBase.view
+_from_numpy = torch._C._VariableFunctions.from_numpy

@@ -17,23 +17,33 @@ output's dtype.
 
 A backend may offer `host_workspace(t)`: (operations, array, back) when the tensor's values are
 in host memory anyway and the mode's few element-wise operations are cheaper on a host array
-than dispatched one by one as framework operators (MindSpore PyNative on the CPU target: a view,
-no copy; reading it waits for the operators queued before it). The mode then runs the same code
-on the array with those operations and `back` makes the result a tensor. A backend without it
-(torch) or returning None computes on the tensor itself, with the same operations as before.
+than dispatched one by one as framework operators (a small plain CPU tensor in torch, whose
+integer operators with a scalar cost 7-14 us each at 32K elements against NumPy's 4; MindSpore
+PyNative on the CPU target: a view, no copy; reading it waits for the operators queued before
+it). The mode then runs the same code on the array with those operations and `back` makes the
+result a tensor. Otherwise (another device, a large tensor, a subclass) it computes on the
+tensor itself, with the same bits as a result (tests/unit/free_benchmark/test_perturbations.py
+compares the two paths on every 16-bit pattern).
 """
 
 from __future__ import annotations
 
-import functools
 import math
-import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from probes.core import thresholds as th
 from probes.core.trees import iter_leaves, replace_at, tree_map
+from probes.free_benchmark.float_bits import (
+    BIT_NAMES,
+    combined,
+    compared_gate,
+    finfo_max,
+    fp8_codes,
+    in_band,
+    magnitude_code,
+)
 
 PERT_MODES = ("improve_precision", "add_noise", "bit_noise", "change_value", "no_change", "to_cpu")
 
@@ -83,6 +93,16 @@ def _workspace(backend: Any, t: Any, moves_only: bool = False) -> tuple[Any, Any
     host = getattr(backend, "host_workspace", None)
     found = host(t, moves_only=moves_only) if host is not None else None
     return found if found is not None else (backend, t, _identity)
+
+
+def _bit_workspace(backend: Any, t: Any) -> tuple[Any, Any, Any]:
+    """(operations, bits, back) for a mode that edits a float's bits only: the integer view of
+    `t`'s elements (the host hands a bfloat16 tensor over as such already) and `back`, which turns
+    edited bits into a tensor of `t`'s dtype."""
+    b, values, back = _workspace(backend, t, moves_only=True)
+    if b.dtype_name(values) in BIT_NAMES:
+        return b, values, back
+    return b, b.bit_view(values), lambda bits: back(b.from_bit_view(bits, values))
 
 
 def _replace(args: tuple, kwargs: dict, where: str, path: tuple, value: Any) -> tuple[tuple, dict]:
@@ -209,23 +229,23 @@ class AddNoise(Perturbation):
         return None
 
     def perturb(self, t: Any) -> Any:
-        b, t, back = _workspace(self.backend, t)
-        xp = b.namespace(t)
-        name = b.dtype_name(t)
-        if name in th.FLOAT8_DTYPES:
-            bits, magnitude, normal, top = _fp8_codes(b, t, name)
-            return back(b.from_bit_view(xp.where((magnitude >= normal) & (magnitude < top), bits + 1, bits), t))
-        v = th.NOISE_VALUE[name]
-        gate = v**0.5
-        if self.add_noise_style == "reference":
-            return back(xp.where(xp.abs(t) > gate, t + v, t))
+        name = self.backend.dtype_name(t)
+        if name in th.FLOAT8_DTYPES or self.add_noise_style == "reference":
+            b, t, back = _workspace(self.backend, t)
+            xp = b.namespace(t)
+            if name in th.FLOAT8_DTYPES:
+                bits, magnitude, normal, top = fp8_codes(b, t, name)
+                return back(b.from_bit_view(xp.where((magnitude >= normal) & (magnitude < top), bits + 1, bits), t))
+            v = th.NOISE_VALUE[name]
+            return back(xp.where(xp.abs(t) > v**0.5, t + v, t))
+        gate = th.NOISE_VALUE[name] ** 0.5
         # |x| > gate (compared in float32 for the half types: sqrt(v) rounds up in half precision)
         # and below the largest finite value, which has no finite neighbour further out; inf and
         # NaN stay as they are
-        above, below = _magnitude_code(name, _compared_gate(name, gate)), _magnitude_code(name, _finfo_max(name))
-        bits = b.bit_view(t)
-        band = _in_band(b, xp, bits, name, above, below)
-        return back(b.from_bit_view(band.add_(bits) if getattr(b, "edits_in_place", False) else bits + band, t))
+        above, below = magnitude_code(name, compared_gate(name, gate)), magnitude_code(name, finfo_max(name))
+        b, bits, back = _bit_workspace(self.backend, t)
+        band = in_band(b, b.namespace(bits), bits, name, above, below)
+        return back(combined(b, "add", band, bits))
 
 
 class BitNoise(Perturbation):
@@ -240,20 +260,19 @@ class BitNoise(Perturbation):
         return th.MACHINE_EPS.get(dtype_name)  # +-1 ulp of normal elements, as add_noise
 
     def perturb(self, t: Any) -> Any:
-        b, t, back = _workspace(self.backend, t)
-        xp = b.namespace(t)
-        name = b.dtype_name(t)
+        name = self.backend.dtype_name(t)
         if name in th.FLOAT8_DTYPES:
-            bits, magnitude, normal, top = _fp8_codes(b, t, name)
+            b, t, back = _workspace(self.backend, t)
+            xp = b.namespace(t)
+            bits, magnitude, normal, top = fp8_codes(b, t, name)
             one = xp.ones_like(bits)
             flipped = xp.where(xp.bitwise_xor(magnitude, one) > top, bits - 1, xp.bitwise_xor(bits, one))
             return back(b.from_bit_view(xp.where((magnitude >= normal) & (magnitude <= top), flipped, bits), t))
         # the finite elements above the smallest normal one (NaN lies above infinity)
-        bits = b.bit_view(t)
-        flip = _in_band(b, xp, bits, name, _magnitude_code(name, th.SMALLEST_NORMAL[name]),
-                        _magnitude_code(name, math.inf))
-        flipped = flip.bitwise_xor_(bits) if getattr(b, "edits_in_place", False) else xp.bitwise_xor(bits, flip)
-        return back(b.from_bit_view(flipped, t))
+        b, bits, back = _bit_workspace(self.backend, t)
+        flip = in_band(b, b.namespace(bits), bits, name, magnitude_code(name, th.SMALLEST_NORMAL[name]),
+                       magnitude_code(name, math.inf))
+        return back(combined(b, "bitwise_xor", flip, bits))
 
 
 class ChangeValue(Perturbation):
@@ -311,75 +330,6 @@ class ToCpu(Perturbation):
             return Cancelled("no floating-point tensor among the inputs")
         move = b.to_cpu_float
         return PerturbedCall(tuple(tree_map(move, args)), _no_inplace(dict(tree_map(move, kwargs))), on_cpu=True)
-
-
-def _fp8_codes(b: Any, t: Any, name: str) -> tuple[Any, Any, int, int]:
-    """(bytes, magnitude bytes, smallest normal, largest finite) of FP8 data `t`: an FP8 byte is
-    sign-magnitude, so the magnitude's byte (sign bit cleared) orders the values and +1 on it is
-    one ulp further from zero; the two limits are the formats' magnitude bytes, from their
-    significand bits, smallest exponent and largest value (NaN and infinity lie above the
-    largest; the fnuz NaN, the bare sign bit, has magnitude 0)."""
-    mantissa = th.SIGNIFICAND_BITS[name] - 1
-    top = th.LARGEST_FINITE[name]
-    exponent = math.frexp(top)[1] - 1
-    fraction = round((top / 2.0**exponent - 1.0) * 2**mantissa)
-    top_code = ((exponent - th.MIN_EXPONENT[name] + 1) << mantissa) + fraction
-    bits = b.bit_view(t)
-    return bits, bits & 0x7F, 1 << mantissa, top_code
-
-
-_FINFO_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38,
-              "float64": 1.7976931348623157e308}
-
-
-def _finfo_max(name: str) -> float:
-    return _FINFO_MAX[name]
-
-
-# The band tests of add_noise and bit_noise on the integer view of the bits: the magnitude's
-# code (sign bit cleared) orders a format's values, so "above a value and below another" is two
-# integer comparisons. Written as clips of differences, they cost a few integer kernels and no
-# bool temporaries (a comparison and a where are the slowest kernels of a CPU build without
-# AVX-512, about 5x an addition).
-
-_WIDTH = {"float64": 64, "float32": 32, "float16": 16, "bfloat16": 16}
-
-
-def _in_band(b: Any, xp: Any, bits: Any, name: str, above: int, below: int) -> Any:
-    """1 where `above` < the element's magnitude code < `below`, else 0 (in `bits`' dtype): two
-    fresh arrays, the rest in place on them where the backend edits its arrays in place (a fresh
-    output buffer costs a CPU about as much as the arithmetic)."""
-    magnitude = bits & ((1 << (_WIDTH[name] - 1)) - 1)
-    if not getattr(b, "edits_in_place", False):
-        return xp.clip(magnitude - above, 0, 1) - xp.clip(magnitude - (below - 1), 0, 1)
-    # where reading a maximum costs no transfer (the CPU), no element above the band spares the
-    # upper test: two passes of the seven
-    host_max = getattr(b, "host_max", None)
-    top = host_max(magnitude) if host_max is not None else None
-    step = (magnitude - above).clamp_(0, 1)
-    if top is not None and top < below:
-        return step
-    return step.sub_(magnitude.sub_(below - 1).clamp_(0, 1))
-
-
-@functools.cache
-def _magnitude_code(name: str, value: float) -> int:
-    """The magnitude code of the largest value of format `name` that is <= `value` (>= 0), so
-    that code > it means value > `value` exactly."""
-    if name == "bfloat16":  # a bfloat16 is the top half of a float32; cutting the rest rounds down
-        return _magnitude_code("float32", value) >> 16
-    fmt, unsigned = {"float64": ("<d", "<Q"), "float32": ("<f", "<I"), "float16": ("<e", "<H")}[name]
-    try:
-        rounded = struct.pack(fmt, value)
-    except OverflowError:  # above the format's range: its largest finite value
-        return _magnitude_code(name, math.inf) - 1
-    code = struct.unpack(unsigned, rounded)[0]
-    return code - 1 if struct.unpack(fmt, rounded)[0] > value else code
-
-
-def _compared_gate(name: str, gate: float) -> float:
-    """The gate as the comparison sees it: in the tensor's dtype, float32 for the half types."""
-    return gate if name == "float64" else struct.unpack("<f", struct.pack("<f", gate))[0]
 
 
 _MODES = {cls.mode: cls for cls in (ImprovePrecision, AddNoise, BitNoise, ChangeValue, NoChange, ToCpu)}

@@ -562,3 +562,91 @@ def test_band_tests_pick_what_the_float_comparisons_pick(dtype):
     assert torch.equal(bits(perturb_one("add_noise", x)) != bits(x), moves)
     flips = (x.abs() > finfo.tiny) & torch.isfinite(x)
     assert torch.equal(bits(perturb_one("bit_noise", x)) != bits(x), flips)
+
+
+# ---------------------------------------------------------------------------------------------
+# the host path (NumPy views of small plain CPU tensors) against torch's kernels
+
+
+class _KernelsOnly(type(BACKEND)):
+    """The torch backend without its NumPy workspace: every perturbation on torch's kernels."""
+
+    def host_workspace(self, t, moves_only=False):
+        return None
+
+
+KERNELS = _KernelsOnly()
+HOST_MODES = [("add_noise", "ulp"), ("add_noise", "reference"), ("bit_noise", "ulp"), ("change_value", "ulp")]
+
+
+def perturbed_by(backend, mode: str, style: str, x: torch.Tensor) -> torch.Tensor:
+    out = make_perturbation(mode, backend, style).build((x,), {})
+    assert isinstance(out, PerturbedCall), out
+    return out.args[0]
+
+
+@pytest.mark.parametrize("mode, style", HOST_MODES, ids=[f"{m}-{s}" for m, s in HOST_MODES])
+@dtype_param
+def test_host_path_gives_the_kernels_bits(mode, style, dtype, monkeypatch):
+    """Every 16-bit pattern (in halves the host takes), random float32/float64 bit patterns and
+    the values around every limit: the same bits on NumPy views as on torch's kernels, and the
+    host path really taken (the workspace is asked and answers)."""
+    from probes.backends import torch_host
+
+    if dtype in (torch.float16, torch.bfloat16):
+        parts = all_16bit(dtype).split(torch_host.HOST_MAX_ELEMENTS)
+    else:
+        g = torch.Generator().manual_seed(7)
+        ibits = torch.iinfo(INT_VIEW[dtype]).bits
+        raw = (
+            torch.randint(
+                -(2 ** (ibits - 1)),
+                2 ** (ibits - 1) - 1,
+                (torch_host.HOST_MAX_ELEMENTS,),
+                generator=g,
+                dtype=torch.int64,
+            )
+            .to(INT_VIEW[dtype])
+            .view(dtype)
+        )
+        parts = (
+            raw,
+            mixed_tensor(dtype),
+            torch.randn(64, 48, generator=g, dtype=torch.float64).to(dtype).t(),
+        )
+    taken = []
+    workspace = torch_host.workspace
+
+    def spied(t, moves_only=False):
+        found = workspace(t, moves_only)
+        taken.append(found is not None)
+        return found
+
+    monkeypatch.setattr(torch_host, "workspace", spied)
+    for x in parts:
+        keep = x.clone()
+        host = perturbed_by(BACKEND, mode, style, x)
+        kernels = perturbed_by(KERNELS, mode, style, x)
+        assert same_bits(x, keep)  # the input is never written through its view
+        assert host.shape == kernels.shape and host.dtype == kernels.dtype
+        assert torch.equal(bits(host.contiguous()), bits(kernels.contiguous()))
+        assert not host.requires_grad
+    # float arithmetic (the reference style) stays on torch's kernels
+    assert taken and all(found == (style == "ulp") for found in taken)
+
+
+def test_host_path_is_not_taken_where_torch_must_compute():
+    """A large tensor, one that requires grad through a view, a subclass: torch's kernels."""
+    from probes.backends import torch_host
+
+    class Sub(torch.Tensor):
+        pass
+
+    big = torch.ones(torch_host.HOST_MAX_ELEMENTS + 1)
+    assert torch_host.workspace(big) is None
+    assert torch_host.workspace(torch.ones(4).as_subclass(Sub)) is None
+    assert torch_host.workspace(torch.ones(4)) is None  # float arithmetic: torch's kernels
+    assert torch_host.workspace(torch.ones(4, dtype=torch.bfloat16), moves_only=True) is not None  # its bits
+    x = torch.ones(8, requires_grad=True)
+    y = perturbed_by(BACKEND, "bit_noise", "ulp", x)
+    assert not y.requires_grad and x.grad is None

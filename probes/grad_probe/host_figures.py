@@ -1,14 +1,14 @@
 """A step's statistics and signs of gradients in host memory, taken by NumPy on that memory.
 
-A CPU gradient needs no transfer, so what a step costs there is the calls: a torch kernel call
-costs several microseconds however small the tensor (a batch's extrema and norms, their stack, a
-dtype cast and the signs cost ~110 us for a 6-parameter MLP), a NumPy call about one. NumPy reads
-each gradient in place: its max and min, its squares in float64 into one buffer kept from step to
-step (a float32's square is exact in float64; a fresh buffer would fault its pages in at every
-step), one ``add.reduceat`` for every norm, and the signs straight into the step's array. The
-figures are the definitions of :mod:`probes.grad_probe.stats`; a norm sums in another order than a
-device's kernels, so it may differ from theirs in its last digit. This module imports no
-deep-learning framework.
+A CPU gradient needs no transfer, so what a step of small gradients costs there is the calls: a
+torch kernel call costs several microseconds however small the tensor (a batch's extrema and
+norms, their stack, a dtype cast and the signs cost ~110 us for a 6-parameter MLP), a NumPy call
+about one. The gradients are put end to end once; then one ``reduceat`` each gives every
+gradient's max, min and sum of squares (squared in float64 into a buffer kept from step to step:
+a float32's square is exact there, and a fresh buffer would fault its pages in at every step) and
+one comparison all the signs. The figures are the definitions of :mod:`probes.grad_probe.stats`;
+a norm sums in another order than a device's kernels, so it may differ from theirs in its last
+digit. This module imports no deep-learning framework.
 """
 
 from __future__ import annotations
@@ -46,34 +46,27 @@ def host_figures(
     views: Sequence[np.ndarray], squares: Squares, l0: bool, bounds: Sequence[Bound] | None = None
 ) -> tuple[list[list[float]], np.ndarray]:
     """The :func:`~probes.grad_probe.stats.stat_vector` row of each flat, non-empty view (float16,
-    float32 or float64): ``[max, min, norm]``, then with ``bounds`` (L2) the histogram's fractions
-    and ``=0``; and the step's payload: at L0 the views as one float32 array (their checksums),
-    else their signs ``v > 0`` as one new bool array (the direction files, written after the
-    optimizer has run)."""
-    total = sum(v.size for v in views)
-    sq = squares.take(total)
-    signs = None if l0 else np.empty(total, dtype=bool)
-    extrema: list[object] = []
-    starts: list[int] = []
-    pos = 0
+    float32 or float64; small ones: a part of host_parts), and the step's payload: at L0 the views
+    as one float32 array (their checksums), else their signs ``v > 0`` as one new bool array (the
+    direction files, written after the optimizer has run). ``bounds`` (L2): the rows go on with
+    the histogram's fractions and ``=0``.
+
+    The views are put end to end once, so that each figure of every view is one call
+    (``reduceat``): a few calls a step however many parameters."""
+    starts = []
+    total = 0
+    for v in views:
+        starts.append(total)
+        total += v.size
+    flat = np.concatenate(views) if len(views) > 1 else views[0]
     with np.errstate(all="ignore"):  # NaN and infinities are figures like any other
-        for v in views:
-            end = pos + v.size
-            extrema += (v.max(), v.min())
-            np.square(v, out=sq[pos:end], dtype=np.float64)
-            if signs is not None:
-                np.greater(v, 0, out=signs[pos:end])
-            starts.append(pos)
-            pos = end
+        top = np.maximum.reduceat(flat, starts).tolist()
+        bottom = np.minimum.reduceat(flat, starts).tolist()
+        sq = np.square(flat, out=squares.take(total), dtype=np.float64)
         norms = np.sqrt(np.add.reduceat(sq, starts)).tolist()
         # L0: float64 beyond float32's range is infinite, as torch's cast makes it
-        payload = (
-            signs
-            if signs is not None
-            else (np.concatenate(views, dtype=np.float32) if len(views) > 1 else views[0].astype(np.float32))
-        )
-    ext = np.array(extrema, dtype=np.float64).tolist()
-    rows = [[ext[2 * i], ext[2 * i + 1], norm] for i, norm in enumerate(norms)]
+        payload = flat.astype(np.float32) if l0 else np.greater(flat, 0)
+    rows = [list(row) for row in zip(top, bottom, norms)]
     if bounds is not None:
         for row, v in zip(rows, views):
             row += histogram(v, bounds)

@@ -306,6 +306,8 @@ def split_stats(
 ) -> GradStats:
     """A :class:`GradStats` record from a host copy of one :func:`stat_vector`, followed by
     ``fp8_width`` FP8 health fractions (:func:`fp8_columns`)."""
+    if not histogram and not fp8_width:  # L0 and L1 by default: a record per parameter and step
+        return GradStats(name, tuple(map(int, shape)), float(row[0]), float(row[1]), float(row[2]), md5=md5)
     row = [float(v) for v in row]
     width = vector_length(bounds, histogram)
     fp8 = tuple(row[width : width + fp8_width])

@@ -95,14 +95,29 @@ def use_grad_probe_in_fbo() -> None:
     fbo.probed_step = probed_step
 
 
+def file_creation_us(root: str | None, files: int = 30) -> float:
+    """Microseconds of CPU (the kernel's, mostly) one new empty file costs under ``root``, from
+    `files` made in a fresh folder: a step at L1 makes a file per parameter, a folder and the CSV,
+    and on some disks (a virtual machine's busy ext4) a new inode costs ~20 us one minute and
+    ~800 us the next, which then decides the toy model's ratio whatever the monitor does."""
+    folder = tempfile.mkdtemp(prefix="gp_inodes_", dir=root)
+    try:
+        start = time.thread_time()
+        for i in range(files):
+            os.close(os.open(os.path.join(folder, f"f{i}"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640))
+        return 1e6 * (time.thread_time() - start) / files
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def dump_bytes(path: str) -> int:
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
 
 # timing ---------------------------------------------------------------------------------------------
-def time_config(spec: ModelSpec, level: str, repeats: int) -> dict[str, Any]:
+def time_config(spec: ModelSpec, level: str, repeats: int, dump_root: str | None = None) -> dict[str, Any]:
     plain_bench, probed_bench = Bench(spec), Bench(spec)  # same seed: identical models and data
-    with tempfile.TemporaryDirectory(prefix="gp_overhead_") as tmp:
+    with tempfile.TemporaryDirectory(prefix="gp_overhead_", dir=dump_root) as tmp:
         dbg = make_debugger(level, tmp)
 
         def plain() -> None:
@@ -136,6 +151,7 @@ def time_config(spec: ModelSpec, level: str, repeats: int) -> dict[str, Any]:
         "dump_kib_per_step": size / 1024 / max(written, 1),
         "compute_dtype": summary["compute_dtype"],
         "errors": summary["errors"],
+        "file_creation_us": file_creation_us(dump_root),  # the disk's state just after the timings
     }
 
 
@@ -186,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile-steps", type=int, default=3)
     ap.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's default)")
     ap.add_argument("--verbose", action="store_true", help="keep the probe's log messages")
+    ap.add_argument("--dump-root", help="where the probed loops' dumps go (default: the system's temporary folder); "
+                    "/dev/shm times the monitor without the disk")
     ap.add_argument("--memory-child", metavar="MODEL:LEVEL", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
@@ -242,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         for level in levels:
             row: dict[str, Any] = {"model": model, "dtype": str(spec.dtype).replace("torch.", ""), "level": level}
             try:
-                row["timing"] = time_config(spec, level, repeats)
+                row["timing"] = time_config(spec, level, repeats, args.dump_root)
             except Exception as exc:
                 row["timing"] = None
                 row["timing_error"] = f"{type(exc).__name__}: {exc}"
@@ -263,15 +281,15 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 row["memory"] = None
             rows.append(row)
-            msg = (f"time x{t['time_ratio']:.2f} ({t['probed_ms_per_step']:.1f} vs {t['plain_ms_per_step']:.1f} ms/step)"
-                   if t else f"ERROR {row['timing_error']}")
+            msg = (f"time x{t['time_ratio']:.2f} ({t['probed_ms_per_step']:.1f} vs {t['plain_ms_per_step']:.1f} ms/step; "
+                   f"a new file costs {t['file_creation_us']:.0f} us of CPU)" if t else f"ERROR {row['timing_error']}")
             if row.get("memory") and "ratio" in row["memory"]:
                 msg += f", mem x{row['memory']['ratio']:.2f}"
             print(f"[{time.perf_counter() - t_start:6.1f}s] {model} {level}: {msg}", file=sys.stderr, flush=True)
 
     print(f"grad_probe overhead: torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"{os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, repeats={repeats}, "
-          f"median of interleaved repeats")
+          f"median of interleaved repeats, dumps under {args.dump_root or tempfile.gettempdir()}")
     print_table(rows)
     fails = sum(r["time_verdict"] in ("FAIL", "ERR") for r in rows)
     for r in rows:

@@ -18,7 +18,6 @@ import torch
 
 from probes.backends import torch_shards, torch_xp
 from probes.backends.torch_backend import widest_float
-from probes.backends.torch_dtensor import dtensor_class
 from probes.grad_probe import stats
 from probes.grad_probe.host_figures import HOST_FIGURES_ELEMENTS, Squares, host_figures
 from probes.grad_probe.monitor_common import MonitorBase
@@ -64,14 +63,13 @@ class TorchStepFigures:
         self.logged_none = logged_none
         self.squares = squares
         self.level = monitor.level
-        # no engine that splits parameters is loaded: every parameter is whole (asked once a step)
-        self.plain = dtensor_class() is None and "deepspeed" not in sys.modules
+        self.zero = "deepspeed" in sys.modules  # ZeRO partitions plain parameters
 
     def computing(self) -> AbstractContextManager[Any]:
         return torch.no_grad()
 
     def partitioned(self, p: torch.Tensor) -> bool:
-        if self.plain:
+        if type(p) in _WHOLE and not self.zero:  # not a DTensor (nn.Parameter keeps a DTensor's type)
             return False
         return partitioning(p) is not None
 
@@ -335,6 +333,9 @@ def to_host_packed(items: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple
 
 
 _NUMPY = {torch.float64: "float64", torch.float32: "float32", torch.bool: "bool"}
+
+
+_WHOLE = (torch.nn.Parameter, torch.Tensor)  # the types of parameters no engine has split but ZeRO
 
 
 def host_parts(batch: list[tuple[str, torch.Tensor]]) -> list[list[tuple[str, torch.Tensor]]] | None:

@@ -169,3 +169,36 @@ def test_the_squares_buffer_is_kept_up_to_its_limit():
     big = squares.take(HOST_FIGURES_ELEMENTS + 1)
     assert big.size == HOST_FIGURES_ELEMENTS + 1 and not np.shares_memory(big, squares.take(10))
     assert np.shares_memory(a, squares.take(10))
+
+
+@pytest.mark.parametrize("level", ["L0", "L1", "L2"])
+def test_training_under_the_monitor_is_bit_identical(tmp_path: Path, level: str):
+    """NumPy only reads the gradients' memory: the weights after a few AdamW steps are the bytes
+    an unmonitored run gives."""
+    from probes.pytorch import PrecisionDebugger
+
+    def run(monitored: bool) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        x, y = torch.randn(16, 8), torch.randint(0, 3, (16,))
+        dbg = None
+        if monitored:
+            config = {
+                "task": "grad_probe",
+                "dump_path": str(tmp_path / level),
+                "grad_probe": {"grad_level": level},
+            }
+            dbg = PrecisionDebugger(config=config)
+            dbg.monitor(model)
+        for _ in range(4):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        if dbg is not None:
+            dbg.stop()
+            assert dbg.summary()["steps_written"] == [0, 1, 2, 3] and not dbg.summary()["errors"]
+        return [p.detach().clone() for p in model.parameters()]
+
+    for a, b in zip(run(True), run(False)):
+        assert torch.equal(a, b)

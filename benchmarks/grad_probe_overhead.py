@@ -95,11 +95,12 @@ def use_grad_probe_in_fbo() -> None:
     fbo.probed_step = probed_step
 
 
-def file_creation_us(root: str | None, files: int = 30) -> float:
+def file_creation_us(root: str | None, files: int = 200) -> float:
     """Microseconds of CPU (the kernel's, mostly) one new empty file costs under ``root``, from
-    `files` made in a fresh folder: a step at L1 makes a file per parameter, a folder and the CSV,
-    and on some disks (a virtual machine's busy ext4) a new inode costs ~20 us one minute and
-    ~800 us the next, which then decides the toy model's ratio whatever the monitor does."""
+    `files` made in a row in a fresh folder: a step at L1 makes a file per parameter, a folder and
+    the CSV, and on some disks (a virtual machine's ext4 that other jobs also write to) a new inode
+    costs ~20 us one minute and ~800 us the next, which then decides the toy model's ratio
+    whatever the monitor does. In a row, because the first few dozen after a pause cost less."""
     folder = tempfile.mkdtemp(prefix="gp_inodes_", dir=root)
     try:
         start = time.thread_time()

@@ -49,11 +49,12 @@ class HostArrays(BitViews):
         `below` (its maximum is read first), seven otherwise; NumPy's integer operations with a
         scalar are vectorised, its clip and comparisons into bools are not (measured: 4 against
         9 us at 32K elements)."""
-        magnitude = np.bitwise_and(bits, (1 << (width - 1)) - 1)
+        # (out=: a 0-d result stays an array; empty_like keeps the input's layout, as torch does)
+        magnitude = np.bitwise_and(bits, (1 << (width - 1)) - 1, out=np.empty_like(bits))
         unsigned = magnitude.dtype.str.replace("i", "u")
         upper = None
         if magnitude.size and int(magnitude.max()) >= below:  # the band's upper test is needed
-            upper = np.subtract(magnitude, below)  # negative (top bit set) where below `below`
+            upper = np.subtract(magnitude, below, out=np.empty_like(magnitude))  # negative where below `below`
             np.right_shift(upper.view(unsigned), width - 1, out=upper.view(unsigned))
         np.subtract(above, magnitude, out=magnitude)  # negative where above `above`
         np.right_shift(magnitude.view(unsigned), width - 1, out=magnitude.view(unsigned))

@@ -14,6 +14,8 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
+from collections import deque
+from itertools import repeat
 from typing import Any
 
 import torch
@@ -290,8 +292,13 @@ class TorchApiPatcher(ApiPatcher):
         if self._builtins is None:  # which wrappers stand for a builtin op: the same at every install
             self._builtins = {id(m.wrapper): op for m in self.metas
                               if m.wrapper is not None and (op := table.get(id(m.original))) is not None}
-        self._scripted = [key for key in self._builtins if key not in table]
-        table.update((key, self._builtins[key]) for key in self._scripted)
+        builtins = self._builtins
+        if builtins.keys().isdisjoint(table):  # the usual install: every wrapper's entry, in C
+            self._scripted = builtins
+            table.update(builtins)
+            return
+        self._scripted = {key: op for key, op in builtins.items() if key not in table}
+        table.update(self._scripted)
 
     def uninstall(self) -> None:
         self._script_view(False)
@@ -299,9 +306,8 @@ class TorchApiPatcher(ApiPatcher):
             from torch.jit import _builtins
 
             table = _builtins._get_builtin_table()
-            for key in self._scripted:
-                table.pop(key, None)
-            self._scripted = []
+            deque(map(table.pop, self._scripted, repeat(None)), maxlen=0)  # the loop in C
+            self._scripted = {}
         for hook in self._hooks:
             hook.remove()
         self._hooks = ()

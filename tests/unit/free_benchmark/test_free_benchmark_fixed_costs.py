@@ -116,3 +116,16 @@ def test_an_install_that_fails_half_way_puts_back_what_it_set(tmp_path, monkeypa
     with pytest.raises(AttributeError, match="read-only"):
         patcher.install(lambda *a: None)
     assert _namespaces() == before
+
+
+def test_stop_restores_the_rest_when_the_user_deleted_a_wrapper_meanwhile(tmp_path):
+    """The wrappers of inherited Tensor methods are deleted at stop() (one pass in C); one the
+    user's code deleted already must not keep the others installed."""
+    dbg = PrecisionDebugger(config=_cfg(tmp_path, pert_mode="no_change"))
+    before = _namespaces()
+    dbg.start()
+    inherited = [attr for owner, attr in dbg._tool.patcher._deletes if owner is torch.Tensor]
+    assert len(inherited) > 100 and "softmax" in inherited
+    del torch.Tensor.softmax  # the user's code removes one wrapper while the probe runs
+    dbg.stop()
+    assert _namespaces() == before

@@ -293,7 +293,7 @@ class TorchApiPatcher(ApiPatcher):
             self._builtins = {id(m.wrapper): op for m in self.metas
                               if m.wrapper is not None and (op := table.get(id(m.original))) is not None}
         builtins = self._builtins
-        if builtins.keys().isdisjoint(table):  # the usual install: every wrapper's entry, in C
+        if builtins.keys().isdisjoint(table.keys()):  # the usual install (views: the smaller side is walked)
             self._scripted = builtins
             table.update(builtins)
             return

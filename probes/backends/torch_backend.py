@@ -226,12 +226,17 @@ class TorchBackend(BackendDefaults):
         compute dtype on its own: on the CPU a fresh output buffer costs as much as the
         arithmetic, and no full-size float32 copy of a bf16 output is ever made.
         tests/unit/core/test_metrics.py checks both against the core formula."""
+        found = self.host_ratio_reductions(a, b, tol)
+        return found if found is not None else self.device_ratio_reductions(a, b, tol)
+
+    def host_ratio_reductions(self, a: Any, b: Any, tol: float) -> list[float] | None:
+        """ratio_reductions' host numbers for small plain CPU tensors, else None."""
         if a.numel() <= torch_host.HOST_MAX_ELEMENTS:
             ha = torch_host.compute_view(a, b)
             hb = None if ha is None else torch_host.compute_view(b, b)
             if hb is not None:
                 return ratio_figures(ha, hb, tol)
-        return self.device_ratio_reductions(a, b, tol)
+        return None
 
     def device_ratio_reductions(self, a: Any, b: Any, tol: float) -> Any:
         """ratio_reductions computed by torch's kernels, on the tensors' device."""

@@ -31,11 +31,12 @@ MAX_BYTES = 256 << 20
 
 @dataclass
 class _Pending:
-    comparison: Comparison
+    comparison: Comparison | None  # None: finished at the call, `result` waits for its turn
     request: list[Any]
     done: Callable[[list[Any]], None]
     failed: Callable[[BaseException], None]
     nbytes: int
+    result: Any = None
 
 
 class VerdictQueue:
@@ -73,6 +74,18 @@ class VerdictQueue:
         self._pending.append(_Pending(comparison, request, done, failed, nbytes))
         self._bytes += nbytes
         if len(self._pending) >= self.max_calls or self._bytes >= self.max_bytes:
+            self.settle()
+
+    def add_finished(self, verdicts: list[Any], done: Callable[[list[Any]], None],
+                     failed: Callable[[BaseException], None]) -> None:
+        """A call whose verdicts were made at the call (compare.equal_at_once, ratio_at_once):
+        handed to `done` now, or, while comparisons are pending, after theirs (the rows in call
+        order); it keeps no tensor alive."""
+        if not self._pending:
+            done(verdicts)
+            return
+        self._pending.append(_Pending(None, [], done, failed, 0, verdicts))
+        if len(self._pending) >= self.max_calls:
             self.settle()
 
     def _finish_on_host(self, comparison: Comparison, request: list[Any], done: Callable[[list[Any]], None],
@@ -125,6 +138,9 @@ class VerdictQueue:
                 except Exception as exc:
                     _call(p.failed, exc, raised)
                     continue
+            if p.comparison is None:  # finished at the call: its turn to be recorded
+                _call(p.done, p.result, raised, p.failed)
+                continue
             request = _send(p.comparison, mine, p.done, p.failed, raised)
             if request is not None:
                 p.request = request

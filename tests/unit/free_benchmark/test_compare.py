@@ -21,7 +21,7 @@ from probes.core import metrics
 from probes.core import thresholds as th
 from probes.core.leaf_verdicts import StructureMismatch
 from probes.core.trees import format_path
-from probes.free_benchmark.compare import compare_outputs, equal_at_once
+from probes.free_benchmark.compare import compare_outputs, equal_at_once, ratio_at_once
 
 
 def cmp(original, perturbed, mode="add_noise", **kw):
@@ -469,3 +469,49 @@ def test_equal_at_once_leaves_everything_else_to_the_comparison():
                                 (a.as_subclass(_Sub), a.clone()), (torch.randn(3, dtype=torch.complex64),) * 2,
                                 (a, a.double()), (2.0, 2.0)]:
         assert equal_at_once(BACKEND, original, perturbed, pert_mode="no_change") is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(), (3, 4), (70, 80)])
+@pytest.mark.parametrize("tolerance", [None, th.BACKWARD_TOLERANCE])
+@pytest.mark.parametrize("mode", ["add_noise", "bit_noise", "change_value", "improve_precision"])
+def test_ratio_at_once_gives_the_comparisons_verdicts(dtype, shape, tolerance, mode):
+    """The ratio rule's verdict made at the call for small plain CPU outputs is the comparison's:
+    a clean output, one a little off, one far off, one with a flipped sign and exact zeros, a
+    transposed view, and improve_precision's float32 reference of a half-precision output."""
+    g = torch.Generator().manual_seed(3)
+    a = (torch.randn(shape, generator=g, dtype=torch.float64) * 3).to(dtype)
+    near = (a.double() * (1 + 1e-3)).to(dtype)
+    flipped = a.clone()
+    flipped.reshape(-1)[0] = -flipped.reshape(-1)[0] if a.numel() else 0
+    zeros = torch.where(a.double() > 0, a.double(), 0.0).to(dtype)
+    cases = [(a, a.clone()), (a, near), (a, a * 2), (a, flipped), (zeros, zeros.clone()), (zeros, near)]
+    if len(shape) == 2:
+        cases.append((a.t(), near.t()))
+    if mode == "improve_precision" and dtype in (torch.float16, torch.bfloat16):
+        cases.append((a, a.float() * (1 + 1e-4)))
+    for original, perturbed in cases:
+        fast = ratio_at_once(BACKEND, original, perturbed, pert_mode=mode, tolerance=tolerance)
+        assert fast is not None
+        assert _fields(fast) == _fields(cmp(original, perturbed, mode, tolerance=tolerance))
+    assert any(not v.consistent for o, p in cases for v in ratio_at_once(BACKEND, o, p, pert_mode=mode))
+
+
+def test_ratio_at_once_leaves_everything_else_to_the_comparison():
+    """Non-finite figures, large or device-less outputs, containers, subclasses, integer, complex
+    and empty tensors, other shapes, and the modes with another rule go through the comparison."""
+    from probes.backends import torch_host
+
+    a = torch.randn(4, 5)
+    with_nan = a.clone()
+    with_nan[0, 0] = math.nan
+    with_inf = a.clone()
+    with_inf[1, 1] = math.inf
+    big = torch.randn(torch_host.HOST_MAX_ELEMENTS + 1)
+    for original, perturbed in [(with_nan, with_nan.clone()), (a, with_inf), (big, big.clone()), ((a,), (a.clone(),)),
+                                (a.as_subclass(_Sub), a.clone()), (torch.arange(3), torch.arange(3)),
+                                (torch.randn(3, dtype=torch.complex64),) * 2, (torch.ones(0), torch.ones(0)),
+                                (a, a.reshape(5, 4)), (a.to("meta"), a.to("meta")), (2.0, 2.0)]:
+        assert ratio_at_once(BACKEND, original, perturbed, pert_mode="add_noise") is None
+    for mode in ("no_change", "to_cpu"):
+        assert ratio_at_once(BACKEND, a, a.clone(), pert_mode=mode) is None

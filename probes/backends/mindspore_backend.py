@@ -15,8 +15,8 @@ bfloat16) and integer tensors of up to HOST_MAX_ELEMENTS elements, the compariso
 (ratio_reductions, any_differ) and the perturbations (host_workspace) are computed with NumPy and
 give the same values: elementwise IEEE arithmetic and exact max/min reductions, the same in both.
 bfloat16, which NumPy lacks, is cast to float32 by MindSpore before its ratio figures (one
-operator) and handed to change_value as int16 bit patterns; its add_noise / bit_noise stay on
-MindSpore tensors. NumPy is single-threaded, so bigger tensors, where MindSpore's multi-threaded
+operator) and handed to change_value, add_noise and bit_noise (which only move elements or edit
+their bits) as int16 bit patterns. NumPy is single-threaded, so bigger tensors, where MindSpore's multi-threaded
 kernels win and the dispatch cost no longer matters, and other device targets (where asnumpy is a
 real copy) keep the MindSpore path.
 """
@@ -190,8 +190,8 @@ class MindSporeBackend(BackendDefaults):
     def host_workspace(self, t: Any, moves_only: bool = False) -> tuple[Any, Any, Any] | None:
         """(operations, array, back) for the perturbations: they run on a NumPy view of `t`
         with HOST_ARRAYS, and `back` turns their result into a tensor. None: use the tensor.
-        `moves_only` (the mode only moves elements): a bfloat16 tensor is handed over as its
-        int16 bit patterns, which also avoids MindSpore's bfloat16 ``__setitem__``, missing on
+        `moves_only` (the mode only moves elements or edits their bits): a bfloat16 tensor is
+        handed over as its int16 bit patterns, which also avoids MindSpore's bfloat16 ``__setitem__``, missing on
         the CPU target."""
         if moves_only and isinstance(t, Tensor) and t.dtype == mstype.bfloat16 and self._on_host(t):
             bits = self.host_view(t.view(mstype.int16))

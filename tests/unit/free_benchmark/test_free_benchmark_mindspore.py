@@ -592,3 +592,25 @@ def test_scaled_improve_precision_on_a_device_without_float64_says_why(fb_config
     reasons = dbg.summary()["not_checked"]
     assert any("no float64" in r for r in reasons), reasons
     assert dbg.rows == []
+
+
+@pytest.mark.parametrize("mode", ["add_noise", "bit_noise", "change_value"])
+def test_bf16_perturbations_on_host_bits_give_torchs_bits(mode):
+    """bfloat16 reaches NumPy as its int16 bit patterns (host_workspace): on the CPU target the
+    perturbations of every bfloat16 pattern (in halves the host takes) are torch's, bit for bit."""
+    torch = pytest.importorskip("torch")
+    from probes.backends.host_arrays import HOST_ARRAYS
+    from probes.backends.mindspore_backend import MindSporeBackend
+    from probes.backends.torch_backend import BACKEND as TORCH
+    from probes.free_benchmark.perturbations import PerturbedCall, make_perturbation
+
+    backend = MindSporeBackend()
+    for half in np.split(np.arange(-(2**15), 2**15, dtype=np.int32).astype(np.int16), 2):
+        x = Tensor(half).view(mstype.bfloat16)
+        assert backend.host_workspace(x, moves_only=True)[0] is HOST_ARRAYS  # the host path is the one tested
+        ours = make_perturbation(mode, backend).build((x,), {})
+        theirs = make_perturbation(mode, TORCH).build((torch.from_numpy(half.copy()).view(torch.bfloat16),), {})
+        assert isinstance(ours, PerturbedCall) and isinstance(theirs, PerturbedCall)
+        got = ours.args[0].view(mstype.int16).asnumpy()
+        assert np.array_equal(got, theirs.args[0].view(torch.int16).numpy())
+        assert not np.array_equal(got, half)  # something moved

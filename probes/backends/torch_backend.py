@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import os
 from typing import Any
 
@@ -166,8 +167,13 @@ class TorchBackend(BackendDefaults):
         tensors: list[torch.Tensor] = []
         for tree in trees:
             _tensors_in(tree, tensors)
-        need = 2 * torch_memory.tensor_bytes(tensors)
-        if need < torch_memory.SMALL_BYTES or not tensors:
+        if not tensors:
+            return None
+        try:  # the sizes summed in C; a sparse COO tensor has no nbytes, a subclass may raise anything
+            need = 2 * sum(map(_NBYTES, tensors))
+        except Exception:
+            need = 2 * torch_memory.tensor_bytes(tensors)
+        if need < torch_memory.SMALL_BYTES:
             return None
         return torch_memory.too_large(need, tensors[0].device)
 
@@ -361,20 +367,21 @@ class TorchBackend(BackendDefaults):
 
 
 BACKEND = TorchBackend()
+_NBYTES = operator.attrgetter("nbytes")
 TorchBackend.autodiff = torch_autodiff  # the backward stage's hooks and VJPs (probes.backends.base.Autodiff)
 
 
 def _tensors_in(tree: Any, found: list[torch.Tensor]) -> None:
     """The tensors of an argument or output tree, appended to `found` (no paths: only sizes are
-    wanted, on every checked call)."""
+    wanted, on every checked call; a call's flat arguments are read without recursing)."""
     if isinstance(tree, torch.Tensor):
         found.append(tree)
-    elif isinstance(tree, (list, tuple)):
-        for x in tree:
-            _tensors_in(x, found)
-    elif isinstance(tree, dict):
-        for x in tree.values():
-            _tensors_in(x, found)
+    elif isinstance(tree, (list, tuple, dict)):
+        for x in tree.values() if isinstance(tree, dict) else tree:
+            if isinstance(x, torch.Tensor):
+                found.append(x)
+            elif isinstance(x, (list, tuple, dict)):
+                _tensors_in(x, found)
 
 
 def _env_int(name: str, default: int) -> int:

@@ -26,11 +26,7 @@ TOO_LARGE = ("too large for the memory left: its copies need about {need:.1f} Gi
 
 
 def tensor_bytes(tensors: Iterable[Any]) -> int:
-    total = 0
-    for t in tensors:
-        if isinstance(t, torch.Tensor) and t.layout is _STRIDED and not t.is_nested:
-            total += t.numel() * t.element_size()
-    return total
+    return sum(t.nbytes for t in tensors if isinstance(t, torch.Tensor) and t.layout is _STRIDED and not t.is_nested)
 
 
 def available_bytes(device: torch.device) -> int | None:

@@ -144,11 +144,19 @@ def write_json_atomic(path: str | os.PathLike, data: Any) -> Path:
     key per line with each value on one line: json's C encoder does that (an indented dump
     runs its pure-Python encoder, 10x slower, which a per-step summary pays on the training
     thread); the file stays easy to scan and is still plain JSON."""
-    safe = _json_safe(data)
-    if isinstance(safe, dict) and safe:
-        body = ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in safe.items())
+    if isinstance(data, dict) and data:
+        body = ",\n".join(f"  {json.dumps(str(k))}: {_dumps(v)}" for k, v in data.items())
         return write_text_atomic(path, "{\n" + body + "\n}\n")
-    return write_text_atomic(path, json.dumps(safe, indent=2) + "\n")
+    return write_text_atomic(path, json.dumps(_json_safe(data), indent=2) + "\n")
+
+
+def _dumps(value: Any) -> str:
+    """One value as JSON: as it is when json's C encoder takes it (the usual summary value, with
+    finite floats and str or int keys, converted the same way), else after `_json_safe`."""
+    try:
+        return json.dumps(value, allow_nan=False)
+    except (ValueError, TypeError):  # a non-finite float, a key json does not take
+        return json.dumps(_json_safe(value))
 
 
 def read_csv_rows(path: str | os.PathLike) -> list[dict[str, str]]:

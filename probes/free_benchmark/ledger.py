@@ -143,12 +143,14 @@ class Ledger:
         thresholds raise no alarm): summary.json counts them and lists the first ones."""
         stats.checked += 1
         self.dirty = True
-        self.last_score = max((_score(v) for v in verdicts), default=0.0)
+        self.last_score = max(map(_score, verdicts), default=0.0)
         if verdicts and not preheat and (stats.worst_score is None or self.last_score > stats.worst_score):
             stats.worst_score = self.last_score
-        bad = [v for v in verdicts if not v.consistent]
+        bad = []
         for v in verdicts:
             stats.dtypes.add(v.dtype_repr)
+            if not v.consistent:
+                bad.append(v)
             if v.detail.get("rule") == "fp8_range":
                 stats.fp8 = worst_range_use(stats.fp8, v.detail)
         if not bad:

@@ -75,11 +75,16 @@ def _no_inplace(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 def _float_leaves(backend: Any, args: tuple, kwargs: dict) -> Iterator[tuple[str, tuple, Any]]:
     """(where, path, tensor) for every floating (or complex: its real and imaginary parts) tensor,
-    positional args first, then kwargs (msprobe searched positional args only)."""
-    for where, tree in (("args", args), ("kwargs", kwargs)):
-        for path, leaf in iter_leaves(tree):
-            if backend.is_tensor(leaf) and (backend.is_float(leaf) or backend.is_complex(leaf)):
-                yield where, path, leaf
+    positional args first, then kwargs (msprobe searched positional args only). A call's
+    arguments are mostly flat: only containers among them are walked."""
+    for where, items in (("args", enumerate(args)), ("kwargs", kwargs.items())):
+        for key, x in items:
+            if isinstance(x, (list, tuple, dict)):
+                for path, leaf in iter_leaves(x, (key,)):
+                    if backend.is_tensor(leaf) and (backend.is_float(leaf) or backend.is_complex(leaf)):
+                        yield where, path, leaf
+            elif backend.is_tensor(x) and (backend.is_float(x) or backend.is_complex(x)):
+                yield where, (key,), x
 
 
 def _identity(x: Any) -> Any:
@@ -316,6 +321,16 @@ class NoChange(Perturbation):
 
     def perturb(self, t: Any) -> Any:
         return t
+
+    def build(self, args: tuple, kwargs: dict) -> PerturbedCall | Cancelled:
+        # the call's own arguments, once a float input is not empty (the base's search, without
+        # the rebuilding and the input's move, which no_change has no use for)
+        reason = "no floating-point tensor among the inputs"
+        for _where, _path, leaf in _float_leaves(self.backend, args, kwargs):
+            reason = self.accepts(leaf)
+            if reason is None:
+                return PerturbedCall(args, _no_inplace(kwargs))
+        return Cancelled(reason)
 
 
 class ToCpu(Perturbation):

@@ -9,7 +9,7 @@ import sys
 from probes.core.hints import close_matches, did_you_mean
 from probes.core.number_format import short_number
 from probes.core.versions import imported_frameworks, versions
-from probes.core.writers import write_bytes_atomic
+from probes.core.writers import write_bytes_atomic, write_json_atomic
 
 
 def test_close_matches_fold_case_first_and_keep_the_users_prefix():
@@ -45,3 +45,20 @@ def test_atomic_write_leaves_no_temporary(tmp_path):
     write_bytes_atomic(target, b"abc")
     write_bytes_atomic(target, b"de")
     assert target.read_bytes() == b"de" and [p.name for p in target.parent.iterdir()] == ["f.bin"]
+
+
+def test_json_summary_writes_non_finite_floats_and_odd_keys_as_strings(tmp_path):
+    """A value json's C encoder takes as it is goes out unchanged; one with a non-finite float or a
+    key it refuses goes through the conversion: the file is plain JSON either way, line per key."""
+    import json
+
+    target = tmp_path / "summary.json"
+    data = {"plain": {"a": [1, 2.5, None, True], "n": {"x": (1, 2)}, 3: "int key"},
+            "nonfinite": {"worst": math.inf, "rows": [math.nan, -math.inf, 1.0]},
+            "tuple_key": {(1, 2): 0.5}}
+    write_json_atomic(target, data)
+    text = target.read_text()
+    assert json.loads(text) == {"plain": {"a": [1, 2.5, None, True], "n": {"x": [1, 2]}, "3": "int key"},
+                                "nonfinite": {"worst": "inf", "rows": ["nan", "-inf", 1.0]},
+                                "tuple_key": {"(1, 2)": 0.5}}
+    assert len(text.splitlines()) == 2 + len(data)  # braces and a line per top-level key

@@ -169,8 +169,8 @@ class BackendDefaults(BitViews):
         float32 kernel to raise them to), or None."""
         return None
 
-    def copies_too_large(self, *trees: Any) -> str | None:
-        """Why a re-run with copies of these tensors would not fit in the memory left, or None."""
+    def copies_too_large(self, args: tuple, kwargs: dict, out: Any) -> str | None:
+        """Why a re-run with copies of the call's tensors would not fit in the memory left, or None."""
         return None
 
     def is_complex(self, t: Any) -> bool:

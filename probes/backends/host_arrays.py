@@ -14,6 +14,7 @@ as torch's do. NumPy runs on one thread, so the backends keep their own kernels 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import array_api_compat.numpy as np_xp
@@ -71,6 +72,16 @@ HOST_ARRAYS = HostArrays()
 
 #: the dtypes the ratio figures are computed in (a narrower float is widened to float32 first)
 COMPUTE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def bound_figures(a: np.ndarray, b: np.ndarray) -> list[float]:
+    """[max |a - b|, RMS of b] as host numbers: the scaled rule's first figures
+    (probes.core.scaled.bound_figures) of two arrays of one compute dtype; NaN anywhere makes the
+    first NaN, squares that overflow make the second inf (either sends the leaf to the full
+    measure)."""
+    d = np.subtract(a, b, out=np.empty(a.shape, a.dtype)).reshape(-1)
+    flat = np.ascontiguousarray(b).reshape(-1)
+    return [float(np.maximum(d.max(), -d.min())), math.sqrt(float(np.dot(flat, flat)) / (flat.size or 1))]
 
 
 def ratio_figures(a: np.ndarray, b: np.ndarray, tol: float) -> list[float]:

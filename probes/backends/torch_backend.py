@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import operator
 import os
 from typing import Any
 
@@ -18,7 +17,7 @@ from probes.backends import (
     torch_xp,
 )
 from probes.backends.base import BackendDefaults, bit_view_table
-from probes.backends.host_arrays import ratio_figures
+from probes.backends.host_arrays import bound_figures, ratio_figures
 from probes.backends.torch_equality import host_equal
 from probes.core import metrics
 from probes.core.precision_raise import raised_dtype
@@ -161,21 +160,8 @@ class TorchBackend(BackendDefaults):
     def in_transform(self) -> bool:
         return torch_leaves.in_transform()
 
-    def copies_too_large(self, *trees: Any) -> str | None:
-        """A re-run holds about twice the call's tensors again (a raised dtype, the perturbed
-        output, the figures' temporaries)."""
-        tensors: list[torch.Tensor] = []
-        for tree in trees:
-            _tensors_in(tree, tensors)
-        if not tensors:
-            return None
-        try:  # the sizes summed in C; a sparse COO tensor has no nbytes, a subclass may raise anything
-            need = 2 * sum(map(_NBYTES, tensors))
-        except Exception:
-            need = 2 * torch_memory.tensor_bytes(tensors)
-        if need < torch_memory.SMALL_BYTES:
-            return None
-        return torch_memory.too_large(need, tensors[0].device)
+    def copies_too_large(self, args: tuple, kwargs: dict, out: Any) -> str | None:
+        return torch_memory.copies_too_large(args, kwargs, out)
 
     def backward_reason(self, args: tuple, kwargs: dict) -> str | None:
         return torch_leaves.backward_reason(args, kwargs)
@@ -224,6 +210,22 @@ class TorchBackend(BackendDefaults):
 
     def scaled_namespace(self, t: Any) -> Any:
         return torch_xp
+
+    def scaled_bound_figures(self, a: Any, b: Any) -> Any:
+        """The scaled rule's bound figures: host numbers at once for small plain CPU tensors
+        (as ratio_reductions), else device figures."""
+        found = self.host_scaled_bound(a, b)
+        return found if found is not None else super().scaled_bound_figures(a, b)
+
+    def host_scaled_bound(self, a: Any, b: Any) -> list[float] | None:
+        """scaled_bound_figures' host numbers for small plain CPU tensors, compared in a's
+        compute dtype (a float64 reference of a float32 output rounded to float32), else None."""
+        if a.numel() <= torch_host.HOST_MAX_ELEMENTS:
+            ha = torch_host.compute_view(a, a)
+            hb = None if ha is None else torch_host.compute_view(b, a)
+            if hb is not None and ha.shape == hb.shape:
+                return bound_figures(ha, hb)
+        return None
 
     def ratio_reductions(self, a: Any, b: Any, tol: float) -> Any:
         """metrics.ratio_reductions for an original leaf `a` and a perturbed leaf `b`: host
@@ -367,21 +369,7 @@ class TorchBackend(BackendDefaults):
 
 
 BACKEND = TorchBackend()
-_NBYTES = operator.attrgetter("nbytes")
 TorchBackend.autodiff = torch_autodiff  # the backward stage's hooks and VJPs (probes.backends.base.Autodiff)
-
-
-def _tensors_in(tree: Any, found: list[torch.Tensor]) -> None:
-    """The tensors of an argument or output tree, appended to `found` (no paths: only sizes are
-    wanted, on every checked call; a call's flat arguments are read without recursing)."""
-    if isinstance(tree, torch.Tensor):
-        found.append(tree)
-    elif isinstance(tree, (list, tuple, dict)):
-        for x in tree.values() if isinstance(tree, dict) else tree:
-            if isinstance(x, torch.Tensor):
-                found.append(x)
-            elif isinstance(x, (list, tuple, dict)):
-                _tensors_in(x, found)
 
 
 def _env_int(name: str, default: int) -> int:

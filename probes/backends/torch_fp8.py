@@ -33,6 +33,7 @@ from typing import Any, Callable
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from probes.backends.torch_flat import flat_call, values_of
 from probes.core import fp8
 from probes.core.errors import NotMeasurable
 from probes.core.thresholds import FLOAT8_DTYPES, LARGEST_FINITE
@@ -148,6 +149,8 @@ def note_cast(args: tuple, kwargs: dict, out: Any, wide_of: Callable[[torch.devi
 
 def fp8_inputs(args: tuple, kwargs: dict, wide_of: Callable[[torch.device], torch.dtype]) -> list[Fp8Input]:
     """The call's FP8 inputs: torchao FP8 tensors and plain FP8 tensors, positional then keyword."""
+    if flat_call(args, kwargs) and FP8_TORCH_DTYPES.keys().isdisjoint(values_of((*args, *kwargs.values()), "dtype")):
+        return []  # the usual call, on every checked call: plain tensors of other dtypes
     found: list[Fp8Input] = []
     for i, x in enumerate((*args, *kwargs.values())):
         kind = type(x)

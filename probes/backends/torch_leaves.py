@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from probes.backends import torch_dtensor, torch_fp8
+from probes.backends.torch_flat import any_true, flat_call
 from probes.core.errors import NotMeasurable
 
 _functorch = torch._C._functorch
@@ -180,7 +181,11 @@ def call_reason(args: tuple, kwargs: dict) -> str | None:
     """Why this call is not re-run, from the state it runs in and its inputs; None: it is.
     Never raises: an input the checks cannot inspect is itself the reason."""
     try:
-        return state_reason() or _args_reason(args, kwargs)
+        why = state_reason()
+        if why is None and flat_call(args, kwargs):  # the usual call: no container, no subclass
+            return (NO_VALUES.format(what="meta") if any_true(args, "is_meta") or kwargs and any_true(kwargs.values(), "is_meta")
+                    else None)
+        return why or _args_reason(args, kwargs)
     except Exception as exc:
         return INSPECT_FAILED.format(what=type(exc).__name__)
 

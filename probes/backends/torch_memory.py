@@ -10,12 +10,17 @@ would not fit. Small calls (most) pay one sum of sizes.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 
+from probes.backends.torch_flat import flat_call, total
+
 _STRIDED = torch.strided
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_NBYTES = operator.attrgetter("nbytes")
 
 #: calls whose extra copies stay under this size are never measured against the memory left
 SMALL_BYTES = 64 << 20
@@ -52,3 +57,38 @@ def too_large(need: int, device: torch.device) -> str | None:
     if left is None or need <= SHARE * left:
         return None
     return TOO_LARGE.format(need=need / 2**30, left=left / 2**30, device=device)
+
+
+def copies_too_large(args: tuple, kwargs: dict, out: Any) -> str | None:
+    """Why re-running this call would not fit: a re-run holds about twice the call's tensors
+    again (a raised dtype, the perturbed output, the figures' temporaries); None when it fits."""
+    if type(out) in _PLAIN and flat_call(args, kwargs):  # the usual call, summed in C (torch_flat)
+        try:  # (a plain tensor of a sparse layout has no nbytes)
+            need = 2 * (total(args, "nbytes") + (total(kwargs.values(), "nbytes") if kwargs else 0) + out.nbytes)
+        except RuntimeError:
+            need = None
+        if need is not None and need < SMALL_BYTES:
+            return None
+    tensors: list[torch.Tensor] = []
+    for tree in (args, kwargs, out):
+        _tensors_in(tree, tensors)
+    if not tensors:
+        return None
+    try:  # the sizes summed in C; a sparse COO tensor has no nbytes, a subclass may raise anything
+        need = 2 * sum(map(_NBYTES, tensors))
+    except Exception:
+        need = 2 * tensor_bytes(tensors)
+    return too_large(need, tensors[0].device)
+
+
+def _tensors_in(tree: Any, found: list[torch.Tensor]) -> None:
+    """The tensors of an argument or output tree, appended to `found` (no paths: only sizes are
+    wanted; a call's flat arguments are read without recursing)."""
+    if isinstance(tree, torch.Tensor):
+        found.append(tree)
+    elif isinstance(tree, (list, tuple, dict)):
+        for x in tree.values() if isinstance(tree, dict) else tree:
+            if isinstance(x, torch.Tensor):
+                found.append(x)
+            elif isinstance(x, (list, tuple, dict)):
+                _tensors_in(x, found)

@@ -141,6 +141,38 @@ def scaled_comparison(backend: Any, pairs: list, pert_mode: str, tolerance: floa
     return verdicts
 
 
+def scaled_at_once(backend: Any, original: Any, reference: Any, *, pert_mode: str, stage: str = "forward",
+                   input_move: Any = None, elementwise: bool = False) -> list[LeafVerdict] | None:
+    """The verdict of the usual call by the scaled rule when it is known at once: one plain
+    float32/float64 output tensor each side, whose bound figures the backend takes on the host
+    (`host_scaled_bound`: small CPU tensors) and whose bound settles it within the threshold.
+    It is `scaled_comparison`'s verdict for those outputs (a test compares the two), made without
+    its generator, passes and queue. None (a leaf the bound does not settle, an input move that
+    is measured, every other output): run the comparison."""
+    host_bound = getattr(backend, "host_scaled_bound", None)
+    if host_bound is None or elementwise or pert_mode in ("no_change", "to_cpu"):
+        return None
+    if input_move is not None and not isinstance(input_move, (int, float)):
+        return None  # the move is measured on the device with the figures
+    if not (backend.is_tensor(original) and backend.is_tensor(reference)) or backend.is_complex(original):
+        return None
+    if not (backend.is_float(original) and backend.is_float(reference)):
+        return None
+    name = backend.dtype_name(original)
+    if name not in BOUNDED_DTYPES or backend.numel(original) == 0:
+        return None
+    figures = host_bound(original, reference)
+    if figures is None:
+        return None
+    move = 0.0 if input_move is None else float(input_move)
+    limit = th.scaled_threshold(name, pert_mode, move, stage)
+    bound = scaled.finish_bound(figures, th.machine_eps(name))
+    if not bound <= limit:
+        return None
+    return [scaled_verdict(backend, (), original, [bound, 0.0, 0.0], limit, bounded=True,
+                           move=move if input_move is not None else None)]
+
+
 #: the scaled figures of two equal float leaves (no error, no mismatch)
 EQUAL_SCALED = (0.0, 0.0, 0.0)
 

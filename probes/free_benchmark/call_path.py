@@ -26,7 +26,7 @@ from probes.core.metrics import RatioVerdict
 from probes.core.trees import tree_map
 from probes.free_benchmark import exclusions
 from probes.free_benchmark.backward import PASS_ENTRIES, BackwardCheck
-from probes.free_benchmark.compare import compare_outputs, comparison, equal_at_once, ratio_at_once
+from probes.free_benchmark.compare import at_once, compare_outputs, comparison
 from probes.free_benchmark.deferred import VerdictQueue, held_bytes
 from probes.free_benchmark.fix_handler import substitute
 from probes.free_benchmark.fp8 import with_range_use
@@ -87,10 +87,9 @@ class CallPath:
         self.verdicts = VerdictQueue(backend)
         self._optimizer_steps = 0  # > 0 while an optimizer step runs (frameworks that can tell set it)
         self._optimizer_calls: dict[str, int] = {}  # API key -> calls in the optimizer step now running
-        # verdicts made at the call where they can be (_judge): no_change's equal outputs, and
-        # the ratio rule's small CPU outputs
-        self._at_once = self.fb.pert_mode == "no_change" or (self.fb.rule == "reference"
-                                                              and self.fb.pert_mode != "to_cpu")
+        # verdicts made at the call where they can be (_judge, compare.at_once): no_change's
+        # equal outputs, and small CPU outputs under either rule
+        self._at_once = self.fb.pert_mode != "to_cpu"
 
     def enable_preheat(self) -> None:
         """Learn the thresholds against the CPU (`if_preheat`; the frameworks that support it
@@ -266,11 +265,9 @@ class CallPath:
         tolerance = th.BACKWARD_TOLERANCE if stage == "backward" else None
         if deferred and self._at_once:
             # the usual no_change call (its output matched, which the host knows already) or a
-            # small CPU output's ratio figures, taken on the host
-            mode = self.fb.pert_mode
-            verdicts = (equal_at_once(b, out, pert_out, pert_mode=mode, rule=self.fb.rule, tolerance=tolerance,
-                                      stage=stage) if mode == "no_change"
-                        else ratio_at_once(b, out, pert_out, pert_mode=mode, tolerance=tolerance))
+            # small CPU output's figures, taken on the host
+            verdicts = at_once(b, out, pert_out, pert_mode=self.fb.pert_mode, rule=self.fb.rule, tolerance=tolerance,
+                               stage=stage, input_move=move, pointwise=getattr(meta, "pointwise", False))
             if verdicts is not None and not b.fp8_inputs(args, kwargs):
                 step, key, ledger = self.current_step, meta.key, self.ledger
                 self.verdicts.add_finished(verdicts, lambda v: ledger.record(key, name, stats, v, step),

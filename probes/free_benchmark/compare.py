@@ -30,7 +30,7 @@ from probes.core.leaf_verdicts import (
     leaf_kinds,
     pair_leaves,
 )
-from probes.core.scaled_comparison import EQUAL_SCALED, scaled_comparison, scaled_verdict
+from probes.core.scaled_comparison import EQUAL_SCALED, scaled_at_once, scaled_comparison, scaled_verdict
 
 
 def compare_outputs(
@@ -137,6 +137,21 @@ def _ratio_verdict(backend: Any, path: tuple, a: Any, figures: list[float], tol:
 
 #: the ratio figures of two equal float leaves, as the ratio reductions give them
 EQUAL_FIGURES = (1.0, 1.0, 0.0)
+
+
+def at_once(backend: Any, original: Any, perturbed: Any, *, pert_mode: str, rule: str, tolerance: float | None,
+            stage: str, input_move: Any = None, pointwise: bool = False) -> list[LeafVerdict] | None:
+    """The call's verdicts when they are known at the call (`comparison`'s, without its queue):
+    no_change's equal outputs, or a small CPU output settled by its host figures under the ratio
+    rule or the scaled rule's bound; None: run the comparison."""
+    if pert_mode == "no_change":
+        return equal_at_once(backend, original, perturbed, pert_mode=pert_mode, rule=rule, tolerance=tolerance,
+                             stage=stage)
+    if rule == "scaled":
+        elementwise = pointwise and stage == "forward" and pert_mode in ("improve_precision", "to_cpu")
+        return scaled_at_once(backend, original, perturbed, pert_mode=pert_mode, stage=stage, input_move=input_move,
+                              elementwise=elementwise)
+    return ratio_at_once(backend, original, perturbed, pert_mode=pert_mode, tolerance=tolerance)
 
 
 def equal_at_once(backend: Any, original: Any, perturbed: Any, *, pert_mode: str, rule: str = "reference",

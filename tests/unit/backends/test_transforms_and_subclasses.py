@@ -335,6 +335,8 @@ def _poison_figures(monkeypatch, poisoned: set[int]) -> None:
 
     monkeypatch.setattr(deferred.VerdictQueue, "add", marking_add)
     monkeypatch.setattr(TorchBackend, "host_floats", reading)
+    # every call's figures on the device (small CPU outputs are otherwise settled on the host)
+    monkeypatch.setattr(TorchBackend, "host_scaled_bound", lambda self, a, b: None)
 
 
 def test_an_unreadable_figure_is_that_calls_error_and_every_other_call_is_judged(tmp_path, monkeypatch):

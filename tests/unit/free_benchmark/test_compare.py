@@ -20,6 +20,7 @@ from probes.backends.torch_backend import BACKEND
 from probes.core import metrics
 from probes.core import thresholds as th
 from probes.core.leaf_verdicts import StructureMismatch
+from probes.core.scaled_comparison import scaled_at_once
 from probes.core.trees import format_path
 from probes.free_benchmark.compare import compare_outputs, equal_at_once, ratio_at_once
 
@@ -515,3 +516,54 @@ def test_ratio_at_once_leaves_everything_else_to_the_comparison():
         assert ratio_at_once(BACKEND, original, perturbed, pert_mode="add_noise") is None
     for mode in ("no_change", "to_cpu"):
         assert ratio_at_once(BACKEND, a, a.clone(), pert_mode=mode) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(), (3, 4), (70, 80)])
+@pytest.mark.parametrize("mode, move", [("improve_precision", None), ("add_noise", None), ("bit_noise", "eps"),
+                                         ("change_value", None)])
+@pytest.mark.parametrize("stage", ["forward", "backward"])
+def test_scaled_at_once_gives_the_comparisons_verdicts(dtype, shape, mode, move, stage):
+    """The scaled rule's verdict made at the call (a small CPU output its host bound settles) is
+    the comparison's, with the input's move when the mode knows it; a leaf the bound does not
+    settle (far off, or NaN) is left to the comparison, which measures it (NaN where the
+    reference has it too is no mismatch)."""
+    g = torch.Generator().manual_seed(5)
+    a = (torch.randn(shape, generator=g, dtype=torch.float64) * 3).to(dtype)
+    eps = th.machine_eps(str(dtype).replace("torch.", ""))
+    near = a.double() * (1 + 4 * eps)  # a few ulps off
+    reference = near if mode == "improve_precision" else near.to(dtype)
+    input_move = eps if move == "eps" else None
+    kw = {"stage": stage}
+    cases = [(a, a.clone()), (a, reference)]
+    if len(shape) == 2:
+        cases.append((a.t(), reference.t()))
+    for original, perturbed in cases:
+        fast = scaled_at_once(BACKEND, original, perturbed, pert_mode=mode, input_move=input_move, **kw)
+        assert fast is not None and fast[0].detail.get("bound") is True
+        assert _fields(fast) == _fields(cmp(original, perturbed, mode, rule="scaled", input_move=input_move, **kw))
+    with_nan = a.clone()
+    with_nan.reshape(-1)[0] = math.nan
+    for original, perturbed, flagged in [(a, a * 2 + 1, True), (a, with_nan, True), (with_nan, with_nan.clone(), False)]:
+        assert scaled_at_once(BACKEND, original, perturbed, pert_mode=mode, input_move=input_move, **kw) is None
+        assert only(cmp(original, perturbed, mode, rule="scaled", input_move=input_move, **kw)).consistent is not flagged
+
+
+def test_scaled_at_once_leaves_everything_else_to_the_comparison():
+    """Half-precision, large or device-less outputs, containers, subclasses, integer, complex and
+    empty tensors, other shapes, judging element by element, a measured input move, and the
+    modes judged otherwise go through the comparison."""
+    from probes.backends import torch_host
+
+    a = torch.randn(4, 5)
+    big = torch.randn(torch_host.HOST_MAX_ELEMENTS + 1)
+    for original, perturbed in [(a.half(), a.half()), (a.bfloat16(), a.float()), (big, big.clone()),
+                                ((a,), (a.clone(),)), (a.as_subclass(_Sub), a.clone()),
+                                (torch.arange(3), torch.arange(3)), (torch.randn(3, dtype=torch.complex64),) * 2,
+                                (torch.ones(0), torch.ones(0)), (a, a.reshape(5, 4)), (a.to("meta"), a.to("meta")),
+                                (2.0, 2.0)]:
+        assert scaled_at_once(BACKEND, original, perturbed, pert_mode="add_noise") is None
+    assert scaled_at_once(BACKEND, a, a.double(), pert_mode="improve_precision", elementwise=True) is None
+    assert scaled_at_once(BACKEND, a, a.clone(), pert_mode="add_noise", input_move=torch.zeros(3)) is None
+    for mode in ("no_change", "to_cpu"):
+        assert scaled_at_once(BACKEND, a, a.clone(), pert_mode=mode) is None

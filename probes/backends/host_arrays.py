@@ -79,23 +79,36 @@ def bound_figures(a: np.ndarray, b: np.ndarray) -> list[float]:
     (probes.core.scaled.bound_figures) of two arrays of one compute dtype; NaN anywhere makes the
     first NaN, squares that overflow make the second inf (either sends the leaf to the full
     measure)."""
-    d = np.subtract(a, b, out=np.empty(a.shape, a.dtype)).reshape(-1)
-    flat = np.ascontiguousarray(b).reshape(-1)
-    return [float(np.maximum(d.max(), -d.min())), math.sqrt(float(np.dot(flat, flat)) / (flat.size or 1))]
+    with np.errstate(all="ignore"):  # overflow and NaN are figures, not warnings in the user's output
+        d = np.subtract(a, b, out=np.empty(a.shape, a.dtype)).reshape(-1)
+        flat = np.ascontiguousarray(b).reshape(-1)
+        top = float(np.maximum(d.max(), -d.min())) + 0.0  # (+ 0.0: a zero is +0.0 whichever max() returned)
+        return [top, math.sqrt(float(np.dot(flat, flat)) / (flat.size or 1))]
+
+
+def scaled_figures(a: np.ndarray, b: np.ndarray, eps: float, shape: tuple[int, ...], **options: Any) -> list[float]:
+    """probes.core.scaled.scaled_error's fast pass (finite: non-finite whenever a value is) as
+    host numbers: the core's formula itself, over NumPy's array namespace."""
+    from probes.core import scaled
+
+    with np.errstate(all="ignore"):  # overflow and NaN are figures, not warnings in the user's output
+        return [float(x) + 0.0 for x in scaled.scaled_error(np_xp, a, b, eps, shape, finite=True, **options)]
 
 
 def ratio_figures(a: np.ndarray, b: np.ndarray, tol: float) -> list[float]:
     """[max r, min r, min a*b] with r = max(|a|, tol) / max(|b|, tol), as host numbers: the
     ratio rule's figures (probes.core.metrics.ratio_reductions) of two arrays of one compute
     dtype, in two scratch arrays (a fresh buffer per operation would cost as much as the
-    arithmetic)."""
+    arithmetic). Overflow to inf is a figure, as on the frameworks' kernels, not a warning in
+    the user's output."""
     tol_ = a.dtype.type(tol)  # the clamp in the compute dtype, as the framework's kernels clamp
     r = np.abs(a, out=np.empty(a.shape, a.dtype))  # (out=: a 0-d result stays an array)
     s = np.abs(b, out=np.empty(b.shape, b.dtype))
     clamp_below(r, tol_)
     clamp_below(s, tol_)
-    np.divide(r, s, out=r)
-    np.multiply(a, b, out=s)
+    with np.errstate(all="ignore"):  # overflow and NaN are figures, not warnings in the user's output
+        np.divide(r, s, out=r)
+        np.multiply(a, b, out=s)
     return [float(r.max()), float(r.min()), float(s.min())]
 
 

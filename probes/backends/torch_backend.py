@@ -16,8 +16,9 @@ from probes.backends import (
     torch_memory,
     torch_xp,
 )
-from probes.backends.base import BackendDefaults, bit_view_table
+from probes.backends.base import BackendDefaults, bit_view_table, scaled_options
 from probes.backends.host_arrays import bound_figures, ratio_figures
+from probes.backends.host_arrays import scaled_figures as host_scaled_figures
 from probes.backends.torch_equality import host_equal
 from probes.core import metrics
 from probes.core.precision_raise import raised_dtype
@@ -217,14 +218,29 @@ class TorchBackend(BackendDefaults):
         found = self.host_scaled_bound(a, b)
         return found if found is not None else super().scaled_bound_figures(a, b)
 
+    def scaled_figures(self, a: Any, b: Any, eps: float, elementwise: bool = False, finite: bool = False) -> Any:
+        """The scaled rule's figures: the fast pass's host numbers at once for small plain CPU
+        tensors, else device figures (the robust pass, for outputs holding inf/NaN, always)."""
+        found = self.host_scaled_figures(a, b, eps, elementwise) if finite else None
+        return found if found is not None else super().scaled_figures(a, b, eps, elementwise, finite)
+
     def host_scaled_bound(self, a: Any, b: Any) -> list[float] | None:
         """scaled_bound_figures' host numbers for small plain CPU tensors, compared in a's
         compute dtype (a float64 reference of a float32 output rounded to float32), else None."""
+        views = self._host_pair(a, b)
+        return None if views is None else bound_figures(*views)
+
+    def host_scaled_figures(self, a: Any, b: Any, eps: float, elementwise: bool = False) -> list[float] | None:
+        """scaled_figures' fast pass as host numbers for small plain CPU tensors, else None."""
+        views = self._host_pair(a, b)
+        return None if views is None else host_scaled_figures(*views, eps, tuple(b.shape), **scaled_options(elementwise))
+
+    def _host_pair(self, a: Any, b: Any) -> tuple[Any, Any] | None:
         if a.numel() <= torch_host.HOST_MAX_ELEMENTS:
             ha = torch_host.compute_view(a, a)
             hb = None if ha is None else torch_host.compute_view(b, a)
             if hb is not None and ha.shape == hb.shape:
-                return bound_figures(ha, hb)
+                return ha, hb
         return None
 
     def ratio_reductions(self, a: Any, b: Any, tol: float) -> Any:

@@ -143,14 +143,15 @@ def scaled_comparison(backend: Any, pairs: list, pert_mode: str, tolerance: floa
 
 def scaled_at_once(backend: Any, original: Any, reference: Any, *, pert_mode: str, stage: str = "forward",
                    input_move: Any = None, elementwise: bool = False) -> list[LeafVerdict] | None:
-    """The verdict of the usual call by the scaled rule when it is known at once: one plain
-    float32/float64 output tensor each side, whose bound figures the backend takes on the host
-    (`host_scaled_bound`: small CPU tensors) and whose bound settles it within the threshold.
-    It is `scaled_comparison`'s verdict for those outputs (a test compares the two), made without
-    its generator, passes and queue. None (a leaf the bound does not settle, an input move that
-    is measured, every other output): run the comparison."""
-    host_bound = getattr(backend, "host_scaled_bound", None)
-    if host_bound is None or elementwise or pert_mode in ("no_change", "to_cpu"):
+    """The verdict of the usual call by the scaled rule when it is known at once: one plain float
+    output tensor each side, whose figures the backend takes on the host (`host_scaled_bound`,
+    `host_scaled_figures`: small CPU tensors), settled within the threshold by its bound
+    (float32/float64, judged by rows) or by its fast measure. It is `scaled_comparison`'s verdict
+    for those outputs (a test compares the two), made without its generator, passes and queue.
+    None (a leaf over the threshold, whose report also shows msprobe's figure; inf/NaN; an input
+    move that is measured; every other output): run the comparison."""
+    host_figures = getattr(backend, "host_scaled_figures", None)
+    if host_figures is None or pert_mode in ("no_change", "to_cpu"):
         return None
     if input_move is not None and not isinstance(input_move, (int, float)):
         return None  # the move is measured on the device with the figures
@@ -158,19 +159,26 @@ def scaled_at_once(backend: Any, original: Any, reference: Any, *, pert_mode: st
         return None
     if not (backend.is_float(original) and backend.is_float(reference)):
         return None
+    if backend.numel(original) == 0:
+        return None
     name = backend.dtype_name(original)
-    if name not in BOUNDED_DTYPES or backend.numel(original) == 0:
-        return None
-    figures = host_bound(original, reference)
-    if figures is None:
-        return None
+    eps = th.machine_eps(name)
     move = 0.0 if input_move is None else float(input_move)
     limit = th.scaled_threshold(name, pert_mode, move, stage)
-    bound = scaled.finish_bound(figures, th.machine_eps(name))
-    if not bound <= limit:
+    shown_move = move if input_move is not None else None
+    if not elementwise and name in BOUNDED_DTYPES:  # the comparison's first figures: the bound
+        figures = backend.host_scaled_bound(original, reference)
+        if figures is None:
+            return None
+        bound = scaled.finish_bound(figures, eps)
+        if bound <= limit:
+            return [scaled_verdict(backend, (), original, [bound, 0.0, 0.0], limit, bounded=True, move=shown_move)]
+        if not math.isfinite(bound):
+            return None  # inf/NaN: the masked measure
+    figures = host_figures(original, reference, eps, elementwise)
+    if figures is None or not scaled.finish(figures)[0] <= limit:
         return None
-    return [scaled_verdict(backend, (), original, [bound, 0.0, 0.0], limit, bounded=True,
-                           move=move if input_move is not None else None)]
+    return [scaled_verdict(backend, (), original, figures, limit, elementwise=elementwise, move=shown_move)]
 
 
 #: the scaled figures of two equal float leaves (no error, no mismatch)

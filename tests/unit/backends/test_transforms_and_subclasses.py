@@ -335,8 +335,16 @@ def _poison_figures(monkeypatch, poisoned: set[int]) -> None:
 
     monkeypatch.setattr(deferred.VerdictQueue, "add", marking_add)
     monkeypatch.setattr(TorchBackend, "host_floats", reading)
-    # every call's figures on the device (small CPU outputs are otherwise settled on the host)
-    monkeypatch.setattr(TorchBackend, "host_scaled_bound", lambda self, a, b: None)
+    _device_figures_only(monkeypatch)
+
+
+def _device_figures_only(monkeypatch) -> None:
+    """Every call's figures on the device, read at the step's end (small CPU outputs are
+    otherwise measured on the host and judged at the call)."""
+    from probes.backends.torch_backend import TorchBackend
+
+    monkeypatch.setattr(TorchBackend, "host_scaled_bound", lambda self, *args: None)
+    monkeypatch.setattr(TorchBackend, "host_scaled_figures", lambda self, *args: None)
 
 
 def test_an_unreadable_figure_is_that_calls_error_and_every_other_call_is_judged(tmp_path, monkeypatch):
@@ -363,6 +371,7 @@ def test_stop_never_raises_and_strict_mode_does(tmp_path, monkeypatch):
         raise _UnreadableFigure("no figure can be read")
 
     monkeypatch.setattr(TorchBackend, "host_floats", broken)
+    _device_figures_only(monkeypatch)
     x = torch.randn(8, 16)
     out, summary = _probed(tmp_path, lambda: torch.tanh(x) + torch.exp(x))
     assert torch.equal(out, torch.tanh(x) + torch.exp(x))

@@ -518,52 +518,86 @@ def test_ratio_at_once_leaves_everything_else_to_the_comparison():
         assert ratio_at_once(BACKEND, a, a.clone(), pert_mode=mode) is None
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
 @pytest.mark.parametrize("shape", [(), (3, 4), (70, 80)])
 @pytest.mark.parametrize("mode, move", [("improve_precision", None), ("add_noise", None), ("bit_noise", "eps"),
                                          ("change_value", None)])
 @pytest.mark.parametrize("stage", ["forward", "backward"])
-def test_scaled_at_once_gives_the_comparisons_verdicts(dtype, shape, mode, move, stage):
-    """The scaled rule's verdict made at the call (a small CPU output its host bound settles) is
-    the comparison's, with the input's move when the mode knows it; a leaf the bound does not
-    settle (far off, or NaN) is left to the comparison, which measures it (NaN where the
+@pytest.mark.parametrize("elementwise", [False, True])
+def test_scaled_at_once_gives_the_comparisons_verdicts(dtype, shape, mode, move, stage, elementwise):
+    """The scaled rule's verdict made at the call for a small CPU output (settled by its host
+    bound, or by its host measure where the bound does not settle it, by rows or element by
+    element) is the comparison's, with the input's move when the mode knows it; a leaf over the
+    threshold or with inf/NaN is left to the comparison, which measures it (NaN where the
     reference has it too is no mismatch)."""
     g = torch.Generator().manual_seed(5)
     a = (torch.randn(shape, generator=g, dtype=torch.float64) * 3).to(dtype)
-    eps = th.machine_eps(str(dtype).replace("torch.", ""))
-    near = a.double() * (1 + 4 * eps)  # a few ulps off
-    reference = near if mode == "improve_precision" else near.to(dtype)
+    name = str(dtype).replace("torch.", "")
+    eps = th.machine_eps(name)
+    wide = torch.float32 if dtype in (torch.float16, torch.bfloat16) else torch.float64
+
+    def reference(x):  # improve_precision's is wider than the output
+        return x if mode == "improve_precision" else x.to(dtype)
+
+    near = reference(a.to(wide) * (1 + 2 * eps))  # a few ulps off
+    spiky = torch.ones(64, 64, dtype=dtype)
+    spiky[0, 0] = 100.0  # an error at a large element: over the whole leaf's bound, within its row's
+    spiky_ref = spiky.to(wide).clone()
     input_move = eps if move == "eps" else None
-    kw = {"stage": stage}
-    cases = [(a, a.clone()), (a, reference)]
+    spiky_ref[0, 0] *= 1 + th.scaled_threshold(name, mode, input_move or 0.0, stage) / 2
+    kw = {"stage": stage, "elementwise": elementwise}
+    cases = [(a, reference(a.to(wide))), (a, near), (spiky, reference(spiky_ref))]
     if len(shape) == 2:
-        cases.append((a.t(), reference.t()))
+        cases.append((a.t(), near.t()))
+    measured = 0
     for original, perturbed in cases:
         fast = scaled_at_once(BACKEND, original, perturbed, pert_mode=mode, input_move=input_move, **kw)
-        assert fast is not None and fast[0].detail.get("bound") is True
-        assert _fields(fast) == _fields(cmp(original, perturbed, mode, rule="scaled", input_move=input_move, **kw))
+        assert fast is not None
+        measured += "bound" not in fast[0].detail
+        pointwise = {"pointwise": True} if elementwise else {}
+        if elementwise and (mode != "improve_precision" or stage != "forward"):  # the comparison judges by rows
+            continue
+        assert _fields(fast) == _fields(cmp(original, perturbed, mode, rule="scaled", input_move=input_move,
+                                            stage=stage, **pointwise))
+    assert measured >= 1  # the host measure, beyond the bound
     with_nan = a.clone()
     with_nan.reshape(-1)[0] = math.nan
-    for original, perturbed, flagged in [(a, a * 2 + 1, True), (a, with_nan, True), (with_nan, with_nan.clone(), False)]:
+    for original, perturbed, flagged in [(a, reference(a.to(wide) * 100 + 7), True), (a, reference(with_nan.to(wide)), True),
+                                         (with_nan, reference(with_nan.to(wide)), False)]:
         assert scaled_at_once(BACKEND, original, perturbed, pert_mode=mode, input_move=input_move, **kw) is None
-        assert only(cmp(original, perturbed, mode, rule="scaled", input_move=input_move, **kw)).consistent is not flagged
+        assert only(cmp(original, perturbed, mode, rule="scaled", input_move=input_move,
+                        stage=stage)).consistent is not flagged
 
 
 def test_scaled_at_once_leaves_everything_else_to_the_comparison():
-    """Half-precision, large or device-less outputs, containers, subclasses, integer, complex and
-    empty tensors, other shapes, judging element by element, a measured input move, and the
-    modes judged otherwise go through the comparison."""
+    """Large or device-less outputs, containers, subclasses, integer, complex and empty tensors,
+    other shapes, a measured input move, and the modes judged otherwise go through the
+    comparison."""
     from probes.backends import torch_host
 
     a = torch.randn(4, 5)
     big = torch.randn(torch_host.HOST_MAX_ELEMENTS + 1)
-    for original, perturbed in [(a.half(), a.half()), (a.bfloat16(), a.float()), (big, big.clone()),
-                                ((a,), (a.clone(),)), (a.as_subclass(_Sub), a.clone()),
+    for original, perturbed in [(big, big.clone()), ((a,), (a.clone(),)), (a.as_subclass(_Sub), a.clone()),
                                 (torch.arange(3), torch.arange(3)), (torch.randn(3, dtype=torch.complex64),) * 2,
                                 (torch.ones(0), torch.ones(0)), (a, a.reshape(5, 4)), (a.to("meta"), a.to("meta")),
                                 (2.0, 2.0)]:
         assert scaled_at_once(BACKEND, original, perturbed, pert_mode="add_noise") is None
-    assert scaled_at_once(BACKEND, a, a.double(), pert_mode="improve_precision", elementwise=True) is None
+        assert scaled_at_once(BACKEND, original, perturbed, pert_mode="add_noise", elementwise=True) is None
     assert scaled_at_once(BACKEND, a, a.clone(), pert_mode="add_noise", input_move=torch.zeros(3)) is None
     for mode in ("no_change", "to_cpu"):
         assert scaled_at_once(BACKEND, a, a.clone(), pert_mode=mode) is None
+
+
+def test_host_figures_overflow_into_figures_not_warnings():
+    """Products and quotients that overflow float32 on the host are inf in the figures, as on
+    torch's kernels, and never a RuntimeWarning in the user's output (a suite run with -W error
+    would make each one a probe error)."""
+    import warnings
+
+    a, b = torch.tensor([3e38, 1.0, -2.0]), torch.tensor([1e-30, -3e38, 3e38])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert BACKEND.host_ratio_reductions(a, b, 1e-7)[0] == math.inf
+        assert BACKEND.host_scaled_bound(a, b)[1] == math.inf  # squares overflow: the full measure decides
+        assert not math.isfinite(BACKEND.host_scaled_figures(a, b, th.machine_eps("float32"))[0])
+        assert not only(cmp(a, b, "improve_precision", rule="scaled")).consistent

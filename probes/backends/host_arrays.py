@@ -86,13 +86,15 @@ def bound_figures(a: np.ndarray, b: np.ndarray) -> list[float]:
         return [top, math.sqrt(float(np.dot(flat, flat)) / (flat.size or 1))]
 
 
-def scaled_figures(a: np.ndarray, b: np.ndarray, eps: float, shape: tuple[int, ...], **options: Any) -> list[float]:
-    """probes.core.scaled.scaled_error's fast pass (finite: non-finite whenever a value is) as
-    host numbers: the core's formula itself, over NumPy's array namespace."""
+def scaled_figures(a: np.ndarray, b: np.ndarray, eps: float, shape: tuple[int, ...], finite: bool = True,
+                   **options: Any) -> list[float]:
+    """probes.core.scaled.scaled_error as host numbers (by default its fast pass, non-finite
+    whenever a value is: NumPy's reductions return NaN for a NaN element): the core's formula
+    itself, over NumPy's array namespace."""
     from probes.core import scaled
 
     with np.errstate(all="ignore"):  # overflow and NaN are figures, not warnings in the user's output
-        return [float(x) + 0.0 for x in scaled.scaled_error(np_xp, a, b, eps, shape, finite=True, **options)]
+        return [float(x) + 0.0 for x in scaled.scaled_error(np_xp, a, b, eps, shape, finite=finite, **options)]
 
 
 def ratio_figures(a: np.ndarray, b: np.ndarray, tol: float) -> list[float]:

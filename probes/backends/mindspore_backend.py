@@ -27,7 +27,6 @@ import types
 from contextlib import nullcontext
 from typing import Any
 
-import array_api_compat.numpy as np_xp
 import mindspore as ms
 import mindspore.common.dtype as mstype
 import numpy as np
@@ -35,9 +34,9 @@ from mindspore import Tensor
 
 from probes.backends import mindspore_autodiff, mindspore_xp
 from probes.backends.base import BackendDefaults, bit_view_table, scaled_options
-from probes.backends.host_arrays import COMPUTE_DTYPES, HOST_ARRAYS, ratio_figures
+from probes.backends.host_arrays import COMPUTE_DTYPES, HOST_ARRAYS, bound_figures, ratio_figures
+from probes.backends.host_arrays import scaled_figures as host_scaled_figures
 from probes.backends.mindspore_rng import GeneratorWatch, LazyState
-from probes.core import scaled
 from probes.core.precision_raise import raised_dtype
 
 mindspore_xp.warm_up()  # NumPy 2: the first operator of a process fails once
@@ -204,28 +203,51 @@ class MindSporeBackend(BackendDefaults):
         """The scaled rule's figures on NumPy views where host_view allows (NumPy's reductions
         return NaN for a NaN element, so the fast pass can be trusted; no operator dispatch),
         else with MindSpore operators and the masked pass (ReduceMax drops NaN)."""
-        if (a.dtype == mstype.bfloat16 or b.dtype == mstype.bfloat16) and self._on_host(a) and self._on_host(b):
-            a, b = self.to_compute(a, a), self.to_compute(b, a)
-        ha, hb = self.host_view(a), self.host_view(b)
-        if ha is None or hb is None or hb.dtype.kind != "f" or ha.dtype.kind != "f":
+        pair = self._host_pair(a, b, a)
+        if pair is None:
             return super().scaled_figures(a, b, eps, elementwise, finite=False)
-        dtype = ha.dtype if ha.dtype in COMPUTE_DTYPES else np.float32  # a's compute dtype (see the base)
-        return scaled.scaled_error(np_xp, ha.astype(dtype, copy=False), hb.astype(dtype, copy=False), eps,
-                                   tuple(hb.shape), finite=finite, **scaled_options(elementwise))
+        return host_scaled_figures(*pair, eps, tuple(pair[1].shape), finite=finite, **scaled_options(elementwise))
+
+    def host_scaled_figures(self, a: Any, b: Any, eps: float, elementwise: bool = False) -> list[float] | None:
+        """scaled_figures' fast pass as host numbers where host_view allows, else None."""
+        pair = self._host_pair(a, b, a)
+        return None if pair is None else host_scaled_figures(*pair, eps, tuple(pair[1].shape),
+                                                             **scaled_options(elementwise))
+
+    def scaled_bound_figures(self, a: Any, b: Any) -> Any:
+        found = self.host_scaled_bound(a, b)
+        return found if found is not None else super().scaled_bound_figures(a, b)
+
+    def host_scaled_bound(self, a: Any, b: Any) -> list[float] | None:
+        """The scaled rule's bound figures (host_arrays.bound_figures) where host_view allows."""
+        pair = self._host_pair(a, b, a)
+        return None if pair is None else bound_figures(*pair)
 
     def ratio_reductions(self, a: Any, b: Any, tol: float) -> Any:
         """The ratio figures (host_arrays.ratio_figures) on NumPy views where host_view allows,
-        in the dtype to_compute would give, else on MindSpore tensors. bfloat16 leaves are cast
-        to float32 by MindSpore first (one operator each; NumPy has no bfloat16): cheaper than
-        the formula's dozen operators, and NaN-aware, which MindSpore's Maximum and ReduceMax
-        are not (they drop NaN, so a NaN mismatch would be reported as a large ratio)."""
+        in the dtype to_compute would give, else on MindSpore tensors (NaN-aware on the host,
+        which MindSpore's Maximum and ReduceMax are not: they drop NaN, so a NaN mismatch would
+        be reported as a large ratio)."""
+        found = self.host_ratio_reductions(a, b, tol)
+        return found if found is not None else super().ratio_reductions(a, b, tol)
+
+    def host_ratio_reductions(self, a: Any, b: Any, tol: float) -> list[float] | None:
+        pair = self._host_pair(a, b, b)
+        return None if pair is None else ratio_figures(*pair, tol)
+
+    def _host_pair(self, a: Any, b: Any, like: Any) -> tuple[np.ndarray, np.ndarray] | None:
+        """NumPy views of `a` and `b` in like's compute dtype (at least float32), or None where
+        host_view gives none. bfloat16 leaves are cast to float32 by MindSpore first (one
+        operator each; NumPy has no bfloat16): cheaper than the formulas' dozen operators."""
+        by_a = like is a
         if (a.dtype == mstype.bfloat16 or b.dtype == mstype.bfloat16) and self._on_host(a) and self._on_host(b):
-            a, b = self.to_compute(a, b), self.to_compute(b, b)
+            a, b = self.to_compute(a, like), self.to_compute(b, like)
         ha, hb = self.host_view(a), self.host_view(b)
         if ha is None or hb is None or hb.dtype.kind != "f" or ha.dtype.kind != "f":
-            return super().ratio_reductions(a, b, tol)
-        dtype = hb.dtype if hb.dtype in COMPUTE_DTYPES else np.float32
-        return ratio_figures(ha.astype(dtype, copy=False), hb.astype(dtype, copy=False), tol)
+            return None
+        dtype = (ha if by_a else hb).dtype
+        dtype = dtype if dtype in COMPUTE_DTYPES else np.float32
+        return ha.astype(dtype, copy=False), hb.astype(dtype, copy=False)
 
     def host_equal(self, a: Any, b: Any) -> bool | None:
         """True/False for two tensors of one dtype and shape NumPy can view on the CPU target

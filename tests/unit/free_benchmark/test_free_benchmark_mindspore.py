@@ -335,6 +335,33 @@ def test_equal_outputs_are_judged_at_the_call_as_the_comparison_judges_them(dtyp
     assert b.host_equal(with_nan, with_nan.copy()) is False
 
 
+@pytest.mark.parametrize("rule", ["reference", "scaled"])
+@pytest.mark.parametrize("dtype", [mstype.float16, mstype.bfloat16, mstype.float32])
+@pytest.mark.parametrize("mode", ["add_noise", "improve_precision"])
+def test_small_outputs_are_judged_at_the_call_as_the_comparison_judges_them(dtype, rule, mode):
+    """The ratio rule's and the scaled rule's at-call verdicts on MindSpore, from the host figures
+    the comparison reads too: the same verdict for a clean and a slightly moved output; a far-off
+    output under the scaled rule is left to the comparison (which flags it)."""
+    from probes.backends.mindspore_backend import MindSporeBackend
+    from probes.free_benchmark.compare import at_once, compare_outputs
+
+    b = MindSporeBackend()
+    rng = np.random.default_rng(2)
+    values = rng.standard_normal((6, 8)).astype(np.float32)
+    a = Tensor(values).astype(dtype)
+    wide = mstype.float32 if mode == "improve_precision" else dtype
+    keep = ("path", "consistent", "max_rel", "threshold", "figure", "dtype_repr", "shape_repr", "detail")
+    for perturbed in (a.astype(wide), (a.astype(mstype.float32) * 1.0001).astype(wide)):
+        fast = at_once(b, a, perturbed, pert_mode=mode, rule=rule, tolerance=None, stage="forward")
+        slow = compare_outputs(b, a, perturbed, pert_mode=mode, rule=rule)
+        assert fast is not None and len(fast) == len(slow) == 1
+        assert [getattr(fast[0], k) for k in keep] == [getattr(slow[0], k) for k in keep]
+    far = (a.astype(mstype.float32) * 3.0 + 1.0).astype(wide)
+    if rule == "scaled":
+        assert at_once(b, a, far, pert_mode=mode, rule=rule, tolerance=None, stage="forward") is None
+    assert not compare_outputs(b, a, far, pert_mode=mode, rule=rule)[0].consistent
+
+
 # --- files ---------------------------------------------------------------------------------------
 
 

@@ -227,18 +227,20 @@ class TorchBackend(BackendDefaults):
     def host_scaled_bound(self, a: Any, b: Any) -> list[float] | None:
         """scaled_bound_figures' host numbers for small plain CPU tensors, compared in a's
         compute dtype (a float64 reference of a float32 output rounded to float32), else None."""
-        views = self._host_pair(a, b)
+        views = self._host_pair(a, b, a)
         return None if views is None else bound_figures(*views)
 
     def host_scaled_figures(self, a: Any, b: Any, eps: float, elementwise: bool = False) -> list[float] | None:
         """scaled_figures' fast pass as host numbers for small plain CPU tensors, else None."""
-        views = self._host_pair(a, b)
+        views = self._host_pair(a, b, a)
         return None if views is None else host_scaled_figures(*views, eps, tuple(b.shape), **scaled_options(elementwise))
 
-    def _host_pair(self, a: Any, b: Any) -> tuple[Any, Any] | None:
+    def _host_pair(self, a: Any, b: Any, like: Any) -> tuple[Any, Any] | None:
+        """NumPy views of small plain CPU tensors `a` and `b` of one shape, in like's compute
+        dtype (torch_host.compute_view), or None."""
         if a.numel() <= torch_host.HOST_MAX_ELEMENTS:
-            ha = torch_host.compute_view(a, a)
-            hb = None if ha is None else torch_host.compute_view(b, a)
+            ha = torch_host.compute_view(a, like)
+            hb = None if ha is None else torch_host.compute_view(b, like)
             if hb is not None and ha.shape == hb.shape:
                 return ha, hb
         return None
@@ -255,12 +257,8 @@ class TorchBackend(BackendDefaults):
 
     def host_ratio_reductions(self, a: Any, b: Any, tol: float) -> list[float] | None:
         """ratio_reductions' host numbers for small plain CPU tensors, else None."""
-        if a.numel() <= torch_host.HOST_MAX_ELEMENTS:
-            ha = torch_host.compute_view(a, b)
-            hb = None if ha is None else torch_host.compute_view(b, b)
-            if hb is not None:
-                return ratio_figures(ha, hb, tol)
-        return None
+        views = self._host_pair(a, b, b)
+        return None if views is None else ratio_figures(*views, tol)
 
     def device_ratio_reductions(self, a: Any, b: Any, tol: float) -> Any:
         """ratio_reductions computed by torch's kernels, on the tensors' device."""

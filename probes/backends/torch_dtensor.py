@@ -52,7 +52,7 @@ import torch
 from probes.backends.torch_dtensor_watch import CURRENT, HOOKS, Watch
 from probes.backends.torch_dtensor_watch import CUSTOM_HANDLER as CUSTOM_HANDLER
 from probes.backends.torch_dtensor_watch import RANDOM_OP as RANDOM_OP
-from probes.backends.torch_flat import flat_call
+from probes.backends.torch_flat import flat
 from probes.core.trees import iter_leaves, replace_at, tree_map
 
 # reasons a DTensor call is not re-run (summary.json's not_checked keys)
@@ -297,7 +297,7 @@ def local_call(args: tuple, kwargs: dict) -> LocalCall | str | None:
     imported costs one dict lookup). Never raises: an input that cannot be inspected is judged
     unsafe."""
     kinds = dtensor_class(), async_class()
-    if kinds == (None, None) or flat_call(args, kwargs) or _plain_inputs(args) and _plain_inputs(kwargs.values()):
+    if kinds == (None, None) or _plain_inputs(args) and _plain_inputs(kwargs.values()):
         return None
     try:
         return _decide(kinds, args, kwargs)
@@ -307,7 +307,9 @@ def local_call(args: tuple, kwargs: dict) -> LocalCall | str | None:
 
 def _plain_inputs(values: Any) -> bool:
     """No input is a container or a tensor subclass (the usual call, decided without walking
-    the tree): it has no DTensor."""
+    the tree, and in C when its inputs are flat: torch_flat): it has no DTensor."""
+    if flat(values):
+        return True
     for x in values:
         kind = type(x)
         if kind is not torch.Tensor and kind is not torch.nn.Parameter and isinstance(x, (torch.Tensor, list, tuple, dict)):

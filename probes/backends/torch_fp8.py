@@ -39,7 +39,6 @@ from probes.core.errors import NotMeasurable
 from probes.core.thresholds import FLOAT8_DTYPES, LARGEST_FINITE
 
 FP8_TORCH_DTYPES = {getattr(torch, n): n for n in FLOAT8_DTYPES if hasattr(torch, n)}
-_TENSOR, _PARAMETER = torch.Tensor, torch.nn.Parameter
 # [saturated, underflowed, flushed, elements, |deq - x|^2, |x|^2] of the cast's input
 CAST_FIGURES = fp8.RANGE_COUNT + 2
 
@@ -153,8 +152,7 @@ def fp8_inputs(args: tuple, kwargs: dict, wide_of: Callable[[torch.device], torc
         return []  # the usual call, on every checked call: plain tensors of other dtypes
     found: list[Fp8Input] = []
     for i, x in enumerate((*args, *kwargs.values())):
-        kind = type(x)
-        if (kind is _TENSOR or kind is _PARAMETER) and x.dtype not in FP8_TORCH_DTYPES or not isinstance(x, torch.Tensor):
+        if type(x) is torch.Tensor and x.dtype not in FP8_TORCH_DTYPES or not isinstance(x, torch.Tensor):
             continue  # the usual input, on every checked call: no FP8 data
         where = f"args[{i}]" if i < len(args) else list(kwargs)[i - len(args)]
         parts = training_parts(x)

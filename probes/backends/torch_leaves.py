@@ -41,7 +41,6 @@ from probes.core.errors import NotMeasurable
 _functorch = torch._C._functorch
 _MODE_KEYS = torch._C._TorchDispatchModeKey
 _PLAIN_DISPATCH = torch.Tensor.__torch_dispatch__
-_TENSOR, _PARAMETER = torch.Tensor, torch.nn.Parameter
 
 # reasons a call is not re-run (summary.json's not_checked keys)
 TRACING = "traced ({what}): a re-run would enter the traced program, and its tensors have no values to compare"
@@ -130,14 +129,11 @@ def input_reason(t: torch.Tensor) -> str | None:
 
 def _args_reason(args: tuple, kwargs: dict) -> str | None:
     for x in args:
-        kind = type(x)
-        if kind is _TENSOR or kind is _PARAMETER:  # the usual input, on every checked call
-            if x.is_meta:
-                return NO_VALUES.format(what="meta")
-        elif isinstance(x, torch.Tensor):  # a subclass
-            why = input_reason(x)
-            if why is not None:
-                return why
+        if isinstance(x, torch.Tensor):
+            if type(x) is not torch.Tensor or x.device.type == "meta":
+                why = input_reason(x)
+                if why is not None:
+                    return why
         elif isinstance(x, (list, tuple)) and x and isinstance(x[0], torch.Tensor):  # cat, stack, einsum
             why = _args_reason(tuple(x), {})
             if why is not None:
@@ -182,9 +178,9 @@ def call_reason(args: tuple, kwargs: dict) -> str | None:
     Never raises: an input the checks cannot inspect is itself the reason."""
     try:
         why = state_reason()
-        if why is None and flat_call(args, kwargs):  # the usual call: no container, no subclass
-            return (NO_VALUES.format(what="meta") if any_true(args, "is_meta") or kwargs and any_true(kwargs.values(), "is_meta")
-                    else None)
+        if why is None and flat_call(args, kwargs):  # the usual call, read in C (torch_flat)
+            meta = any_true(args, "is_meta") or bool(kwargs) and any_true(kwargs.values(), "is_meta")
+            return NO_VALUES.format(what="meta") if meta else None
         return why or _args_reason(args, kwargs)
     except Exception as exc:
         return INSPECT_FAILED.format(what=type(exc).__name__)

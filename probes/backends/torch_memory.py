@@ -10,7 +10,6 @@ would not fit. Small calls (most) pay one sum of sizes.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Iterable
 from typing import Any
 
@@ -20,7 +19,6 @@ from probes.backends.torch_flat import flat_call, total
 
 _STRIDED = torch.strided
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
-_NBYTES = operator.attrgetter("nbytes")
 
 #: calls whose extra copies stay under this size are never measured against the memory left
 SMALL_BYTES = 64 << 20
@@ -74,21 +72,17 @@ def copies_too_large(args: tuple, kwargs: dict, out: Any) -> str | None:
         _tensors_in(tree, tensors)
     if not tensors:
         return None
-    try:  # the sizes summed in C; a sparse COO tensor has no nbytes, a subclass may raise anything
-        need = 2 * sum(map(_NBYTES, tensors))
-    except Exception:
-        need = 2 * tensor_bytes(tensors)
-    return too_large(need, tensors[0].device)
+    return too_large(2 * tensor_bytes(tensors), tensors[0].device)
 
 
 def _tensors_in(tree: Any, found: list[torch.Tensor]) -> None:
     """The tensors of an argument or output tree, appended to `found` (no paths: only sizes are
-    wanted; a call's flat arguments are read without recursing)."""
+    wanted)."""
     if isinstance(tree, torch.Tensor):
         found.append(tree)
-    elif isinstance(tree, (list, tuple, dict)):
-        for x in tree.values() if isinstance(tree, dict) else tree:
-            if isinstance(x, torch.Tensor):
-                found.append(x)
-            elif isinstance(x, (list, tuple, dict)):
-                _tensors_in(x, found)
+    elif isinstance(tree, (list, tuple)):
+        for x in tree:
+            _tensors_in(x, found)
+    elif isinstance(tree, dict):
+        for x in tree.values():
+            _tensors_in(x, found)

@@ -142,8 +142,8 @@ EQUAL_FIGURES = (1.0, 1.0, 0.0)
 def at_once(backend: Any, original: Any, perturbed: Any, *, pert_mode: str, rule: str, tolerance: float | None,
             stage: str, input_move: Any = None, pointwise: bool = False) -> list[LeafVerdict] | None:
     """The call's verdicts when they are known at the call (`comparison`'s, without its queue):
-    no_change's equal outputs, or a small CPU output settled by its host figures under the ratio
-    rule or the scaled rule's bound; None: run the comparison."""
+    no_change's equal outputs, or a small CPU output settled by its host figures under either
+    rule; None: run the comparison."""
     if pert_mode == "no_change":
         return equal_at_once(backend, original, perturbed, pert_mode=pert_mode, rule=rule, tolerance=tolerance,
                              stage=stage)

@@ -241,9 +241,11 @@ class TorchApiPatcher(ApiPatcher):
         self._originals: dict[int, Any] | None = None  # wrapper id -> torch's function (TorchScript's view)
         self._builtins: dict[int, Any] | None = None  # wrapper id -> the aten op TorchScript maps it to
         self._wrapped_originals: dict[Any, Any] | None = None  # wrapper -> torch's function (Dynamo's rules)
+        self._rules_before: dict | None = None  # Dynamo's table as install found it
 
     def install(self, handler: Any) -> None:
         super().install(handler)
+        self._rules_before = _dynamo_rules()  # a table built before holds torch's own functions: no sweep
         self._script_transparent()
         self._script_view(True)
         if self._window is None:
@@ -312,7 +314,8 @@ class TorchApiPatcher(ApiPatcher):
             hook.remove()
         self._hooks = ()
         rules = _dynamo_rules()
-        if rules:  # built while the wrappers were installed: keyed by them, not by torch's objects
+        if rules and rules is not self._rules_before:  # built while the wrappers were
+            # installed: keyed by them, not by torch's objects (the table, once built, never changes)
             originals = self._wrapped_originals
             if originals is None:
                 originals = self._wrapped_originals = {m.wrapper: m.original for m in self.metas if m.wrapper is not None}

@@ -161,6 +161,8 @@ class TorchBackend(BackendDefaults):
     def in_transform(self) -> bool:
         return torch_leaves.in_transform()
 
+    usual_call = staticmethod(torch_leaves.usual_call)  # free_benchmark's usual path (usual_call.py)
+
     def copies_too_large(self, args: tuple, kwargs: dict, out: Any) -> str | None:
         return torch_memory.copies_too_large(args, kwargs, out)
 

@@ -13,6 +13,7 @@ import weakref
 from typing import Any
 
 from probes.core.errors import ProbeError
+from probes.free_benchmark.usual_call import usual_handler
 
 log = logging.getLogger("probes.free_benchmark")
 _LIVE: weakref.WeakSet[FreeBenchmarkRun] = weakref.WeakSet()
@@ -32,7 +33,7 @@ class FreeBenchmarkRun:
         _LIVE.add(self)
 
     def _install(self) -> None:
-        self.patcher.install(self.probe.on_call)
+        self.patcher.install(usual_handler(self.probe))  # the usual call's own path where the config allows
         if self.graphs is not None:
             self.graphs.install()
 

@@ -103,6 +103,19 @@ def _train(engine: str, dtype: torch.dtype, tool: str | None, dump: str, model: 
                 in_checks[0] += issued() - before
 
         probe._check = counted_check
+        from probes.free_benchmark import usual_call
+
+        usual_check = getattr(usual_call._check, "unwrapped", usual_call._check)  # this job's count only
+
+        def counted_usual(*call: Any) -> None:  # the usual path's checks (plain tensors) counted too
+            before = issued()
+            try:
+                usual_check(*call)
+            finally:
+                in_checks[0] += issued() - before
+
+        counted_usual.unwrapped = usual_check  # type: ignore[attr-defined]
+        usual_call._check = counted_usual
     dispatch = PtdbgDispatch(dump_mode="auto", dump_path=dump) if tool == "online_dispatch" else None
     losses = []
     start = issued()

@@ -76,14 +76,14 @@ def test_names_counters_and_outermost_only(fb_config):
     cfg = fb_config(pert_mode="no_change")
     dbg = PrecisionDebugger(config=cfg)
     seen = []
-    probe = dbg.probe
-    original_check = probe._check
+    ledger = dbg.probe.ledger
+    original_record = ledger.record
 
-    def spy(call):
-        seen.append(call.name)
-        return original_check(call)
+    def spy(key, name, *rest, **kw):  # every checked call's verdicts, whichever path judged it
+        seen.append(name)
+        return original_record(key, name, *rest, **kw)
 
-    probe._check = spy
+    ledger.record = spy
     x = torch.randn(4, 4)
     dbg.start()
     torch.matmul(x, x)

@@ -5,12 +5,10 @@ the reason, never judged on the changed values."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 import seeded
 import seeded_reduced
+from dump_files import dump_files
 
 torch = pytest.importorskip("torch")
 
@@ -52,19 +50,6 @@ def _steps(cfg: dict, dtype=torch.float32, device="cpu", steps=2, max_calls=None
     return dbg
 
 
-def _files(dump: Path) -> dict[str, str]:
-    out = {}
-    for path in sorted(dump.rglob("*")):
-        if path.is_file():
-            text = path.read_text().replace(str(dump), "<dump>")
-            if path.suffix == ".json":
-                data = json.loads(text)
-                data.pop("config", None)  # holds the dump path
-                text = json.dumps(data, sort_keys=True)
-            out[str(path.relative_to(dump))] = text
-    return out
-
-
 @pytest.mark.parametrize("mode,rule,dtype", [
     ("improve_precision", "scaled", torch.float32),
     ("improve_precision", "reference", torch.bfloat16),
@@ -94,7 +79,7 @@ def test_deferred_rows_and_summaries_are_identical_to_judging_each_call_at_once(
         dump = tmp_path / label
         cfg = {"task": "free_benchmark", "dump_path": str(dump), "free_benchmark": section}
         dbg = _steps(cfg, dtype, max_calls=max_calls, equal_at_once=equal_at_once)
-        dumps[label] = _files(dump)
+        dumps[label] = dump_files(dump)
         summary = dbg.summary()
         assert summary["apis"], "nothing was checked"
         if mode == "no_change" and stage == "forward":  # equal outputs counted first, changed ones measured

@@ -4,10 +4,10 @@ general path, on a corpus of calls that mixes the usual ones with every kind it 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
+from dump_files import dump_files
 
 torch = pytest.importorskip("torch")
 
@@ -65,19 +65,6 @@ def _run(dump: Path, section: dict) -> tuple[list[torch.Tensor], dict]:
     return outs, dbg.summary()
 
 
-def _files(dump: Path) -> dict[str, str]:
-    out = {}
-    for path in sorted(dump.rglob("*")):
-        if path.is_file():
-            text = path.read_text().replace(str(dump), "<dump>")
-            if path.suffix == ".json":
-                data = json.loads(text)
-                data.pop("config", None)  # holds the dump path
-                text = json.dumps(data, sort_keys=True)
-            out[str(path.relative_to(dump))] = text
-    return out
-
-
 @pytest.mark.parametrize("mode,rule", [
     ("no_change", "reference"), ("no_change", "scaled"), ("add_noise", "reference"), ("add_noise", "scaled"),
     ("bit_noise", "reference"), ("change_value", "reference"), ("improve_precision", "reference"),
@@ -98,7 +85,7 @@ def test_the_usual_path_writes_what_the_general_path_writes(tmp_path, monkeypatc
     assert not {"Torch.cat", "Functional.relu", "Torch.sin"} & set(taken), sorted(set(taken))
     for u, g in zip(usual_outs, general_outs, strict=True):
         torch.testing.assert_close(u, g, rtol=0, atol=0, equal_nan=True)
-    assert _files(tmp_path / "usual") == _files(tmp_path / "general")
+    assert dump_files(tmp_path / "usual") == dump_files(tmp_path / "general")
     assert usual_summary["apis"] == general_summary["apis"]
     assert sum(api["checked"] for api in usual_summary["apis"].values()) >= 2  # (the bf16 matmul, for one mode)
 

@@ -146,9 +146,14 @@ def note_cast(args: tuple, kwargs: dict, out: Any, wide_of: Callable[[torch.devi
         _SEEN[out] = _figures(src.detach(), out, None, name, wide_of(out.device), clipped=True)
 
 
+def no_fp8_data(values: Any) -> bool:
+    """No value of a flat call (torch_flat) is a plain tensor of an FP8 dtype."""
+    return FP8_TORCH_DTYPES.keys().isdisjoint(values_of(values, "dtype"))
+
+
 def fp8_inputs(args: tuple, kwargs: dict, wide_of: Callable[[torch.device], torch.dtype]) -> list[Fp8Input]:
     """The call's FP8 inputs: torchao FP8 tensors and plain FP8 tensors, positional then keyword."""
-    if flat_call(args, kwargs) and FP8_TORCH_DTYPES.keys().isdisjoint(values_of((*args, *kwargs.values()), "dtype")):
+    if flat_call(args, kwargs) and no_fp8_data((*args, *kwargs.values())):
         return []  # the usual call, on every checked call: plain tensors of other dtypes
     found: list[Fp8Input] = []
     for i, x in enumerate((*args, *kwargs.values())):

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from probes.backends import torch_dtensor, torch_fp8
-from probes.backends.torch_flat import any_true, flat_call, values_of
+from probes.backends.torch_flat import any_true, flat_call
 from probes.core.errors import NotMeasurable
 
 _functorch = torch._C._functorch
@@ -190,12 +190,10 @@ def usual_call(args: tuple, kwargs: dict) -> bool:
     """Whether the call is the usual one, that free_benchmark's usual path (usual_call.py) checks:
     plain tensors (no meta, no FP8 data) and scalar-like values, outside any tracer, dispatch mode
     and torch.func transform. False sends it down the general path, which asks each question in turn."""
-    if torch._C._is_tracing() or torch._C._len_torch_dispatch_stack() or _functorch.peek_interpreter_stack() is not None:
-        return False
-    if not flat_call(args, kwargs):
+    if state_reason() is not None or in_transform() or not flat_call(args, kwargs):
         return False
     values = (*args, *kwargs.values()) if kwargs else args
-    return not any_true(values, "is_meta") and torch_fp8.FP8_TORCH_DTYPES.keys().isdisjoint(values_of(values, "dtype"))
+    return not any_true(values, "is_meta") and torch_fp8.no_fp8_data(values)
 
 
 # measuring ---------------------------------------------------------------------------------------

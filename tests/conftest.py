@@ -1,4 +1,5 @@
 import logging
+import shutil
 import sys
 from pathlib import Path
 
@@ -74,3 +75,22 @@ def noise_sum_input():
         return torch.cat([values, -shuffled, reference.float()[None]]), reference
 
     return make
+
+
+@pytest.fixture(params=["kernels", "numpy"])
+def kernel_path(request, monkeypatch):
+    """Run a test with the host arrays' C kernels loaded ('kernels') and again with NumPy's passes
+    alone ('numpy', the path of a machine without a C compiler): both must give the same results."""
+    from probes.backends import host_kernels
+
+    if request.param == "kernels":
+        monkeypatch.delenv(host_kernels.SWITCH, raising=False)
+    else:
+        monkeypatch.setenv(host_kernels.SWITCH, "0")
+    host_kernels.reset()
+    if request.param == "kernels" and host_kernels.kernels() is None:
+        if shutil.which("cc") or shutil.which("gcc") or shutil.which("clang"):
+            pytest.fail(f"a C compiler is here but the kernels did not load: {host_kernels.why_not()}")
+        pytest.skip(f"no C kernels on this machine: {host_kernels.why_not()}")
+    yield request.param
+    host_kernels.reset()

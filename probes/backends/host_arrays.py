@@ -20,6 +20,7 @@ from typing import Any
 import array_api_compat.numpy as np_xp
 import numpy as np
 
+from probes.backends import host_kernels
 from probes.backends.base import BitViews, bit_view_table
 
 _NAMES = {np.dtype(name): name for name in ("float16", "float32", "float64", "int16", "int32", "int64")}
@@ -67,8 +68,41 @@ class HostArrays(BitViews):
         """`bits` op `band` (add, bitwise_xor), written into `band`."""
         return getattr(np, op)(bits, band, out=band)
 
+    def edited_in_band(self, op: str, bits: np.ndarray, width: int, above: int, below: int) -> np.ndarray | None:
+        """combined(op, in_band(bits, ...), bits) in one pass into a fresh C-contiguous array
+        (host_kernels.c), or None where the kernels are missing or `bits` is not contiguous."""
+        lib = host_kernels.kernels()
+        kernel = _BAND_KERNELS.get((op, bits.dtype))  # (native byte order only)
+        if lib is None or kernel is None or bits.size == 0:
+            return None
+        out = np.empty_like(bits)  # the input's layout, as torch keeps it
+        walked = in_memory_order(bits, out)
+        if walked is None:
+            return None
+        getattr(lib, kernel)(walked[0].ctypes.data, walked[1].ctypes.data, bits.size, (1 << (width - 1)) - 1,
+                             above, below)
+        return out
 
+
+_BAND_KERNELS = {(op, np.dtype(f"int{width}")): f"band_{short}_{width}"
+                 for op, short in (("add", "add"), ("bitwise_xor", "xor")) for width in (16, 32, 64)}
 HOST_ARRAYS = HostArrays()
+
+def in_memory_order(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """C-contiguous views of `a` and `b` (one shape) that walk both in the order of `a`'s memory,
+    element i of one paired with element i of the other, when both cover their memory densely
+    in that order (a transposed tensor does); None otherwise, and for negative strides or a
+    NumPy scalar."""
+    if type(a) is not np.ndarray or type(b) is not np.ndarray:
+        return None
+    if a.flags.c_contiguous and b.flags.c_contiguous:
+        return a, b
+    if a.strides != b.strides:
+        return None
+    order = sorted(range(a.ndim), key=a.strides.__getitem__, reverse=True)
+    ta, tb = a.transpose(order), b.transpose(order)
+    return (ta, tb) if ta.flags.c_contiguous and tb.flags.c_contiguous else None
+
 
 #: the dtypes the ratio figures are computed in (a narrower float is widened to float32 first)
 COMPUTE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -103,6 +137,18 @@ def ratio_figures(a: np.ndarray, b: np.ndarray, tol: float) -> list[float]:
     dtype, in two scratch arrays (a fresh buffer per operation would cost as much as the
     arithmetic). Overflow to inf is a figure, as on the frameworks' kernels, not a warning in
     the user's output."""
+    lib = host_kernels.kernels()
+    kernel = _RATIO_KERNELS.get(a.dtype) if lib is not None and a.size and a.dtype == b.dtype else None
+    walked = None if kernel is None else in_memory_order(a, b)  # (max and min: any order gives the same)
+    if walked is not None:
+        out = np.empty(3)
+        flags = getattr(lib, kernel)(walked[0].ctypes.data, walked[1].ctypes.data, a.size, tol, out.ctypes.data)
+        figures = out.tolist()
+        if flags & 1:  # NaN in some r: NumPy's max and min are NaN
+            figures[0] = figures[1] = math.nan
+        if flags & 2:
+            figures[2] = math.nan
+        return figures
     tol_ = a.dtype.type(tol)  # the clamp in the compute dtype, as the framework's kernels clamp
     r = np.abs(a, out=np.empty(a.shape, a.dtype))  # (out=: a 0-d result stays an array)
     s = np.abs(b, out=np.empty(b.shape, b.dtype))
@@ -113,6 +159,8 @@ def ratio_figures(a: np.ndarray, b: np.ndarray, tol: float) -> list[float]:
         np.multiply(a, b, out=s)
     return [float(r.max()), float(r.min()), float(s.min())]
 
+
+_RATIO_KERNELS = {np.dtype(np.float32): "ratio_figures_f32", np.dtype(np.float64): "ratio_figures_f64"}
 
 #: the length of the constant arrays clamp_below compares with
 FLOOR_CHUNK = 1 << 16

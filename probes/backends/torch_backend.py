@@ -37,6 +37,7 @@ _DTYPE_NAMES = {
 # the dtypes improve_precision raises to float32 (probes.core.precision_raise.LOW_PRECISION)
 _VF: Any = torch._C._VariableFunctions
 _LOW_PRECISION = {torch.float16, torch.bfloat16}
+_KERNEL_RATIO_DTYPES = frozenset({torch.float32, torch.float64})  # measured by host_kernels.c in place
 _WIDER_COMPLEX = {("half", torch.complex32): torch.complex64, ("float32", torch.complex64): torch.complex128}
 # Devices whose kernels largely lack float64 (Ascend NPUs, Apple MPS): improve_precision's float64
 # re-run of a float32 call happens on the CPU there, with the inputs copied over.
@@ -237,12 +238,12 @@ class TorchBackend(BackendDefaults):
         views = self._host_pair(a, b, a)
         return None if views is None else host_scaled_figures(*views, eps, tuple(b.shape), **scaled_options(elementwise))
 
-    def _host_pair(self, a: Any, b: Any, like: Any) -> tuple[Any, Any] | None:
-        """NumPy views of small plain CPU tensors `a` and `b` of one shape, in like's compute
-        dtype (torch_host.compute_view), or None."""
-        if a.numel() <= torch_host.HOST_MAX_ELEMENTS:
-            ha = torch_host.compute_view(a, like)
-            hb = None if ha is None else torch_host.compute_view(b, like)
+    def _host_pair(self, a: Any, b: Any, like: Any, limit: int = torch_host.HOST_MAX_ELEMENTS) -> tuple[Any, Any] | None:
+        """NumPy views of plain CPU tensors `a` and `b` of one shape and at most `limit` elements,
+        in like's compute dtype (torch_host.compute_view), or None."""
+        if a.numel() <= limit:
+            ha = torch_host.compute_view(a, like, limit)
+            hb = None if ha is None else torch_host.compute_view(b, like, limit)
             if hb is not None and ha.shape == hb.shape:
                 return ha, hb
         return None
@@ -258,8 +259,12 @@ class TorchBackend(BackendDefaults):
         return found if found is not None else self.device_ratio_reductions(a, b, tol)
 
     def host_ratio_reductions(self, a: Any, b: Any, tol: float) -> list[float] | None:
-        """ratio_reductions' host numbers for small plain CPU tensors, else None."""
-        views = self._host_pair(a, b, b)
+        """ratio_reductions' host numbers for small plain CPU tensors (larger float32/float64
+        ones where the C kernel measures them), else None."""
+        limit = torch_host.HOST_MAX_ELEMENTS
+        if a.numel() > limit and a.dtype is b.dtype and a.dtype in _KERNEL_RATIO_DTYPES:
+            limit = torch_host.kernel_limit(a, b)
+        views = self._host_pair(a, b, b, limit)
         return None if views is None else ratio_figures(*views, tol)
 
     def device_ratio_reductions(self, a: Any, b: Any, tol: float) -> Any:

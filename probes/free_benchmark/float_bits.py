@@ -69,6 +69,16 @@ def in_band(b: Any, xp: Any, bits: Any, name: str, above: int, below: int) -> An
 _OPERATORS = {"add": operator.add, "bitwise_xor": operator.xor}
 
 
+def edited_in_band(b: Any, bits: Any, name: str, above: int, below: int, op: str) -> Any:
+    """combined(b, op, in_band(...), bits): `bits` op 1 where `above` < the element's magnitude
+    code < `below`, in one pass where the backend has one (the host arrays' C kernel)."""
+    one_pass = getattr(b, "edited_in_band", None)
+    edited = one_pass(op, bits, _WIDTH[name], above, below) if one_pass is not None else None
+    if edited is not None:
+        return edited
+    return combined(b, op, in_band(b, b.namespace(bits), bits, name, above, below), bits)
+
+
 def combined(b: Any, op: str, band: Any, bits: Any) -> Any:
     """`bits` op `band`, written into `band` (the perturbation's own fresh array) where the
     backend can."""

@@ -37,11 +37,10 @@ from probes.core import thresholds as th
 from probes.core.trees import iter_leaves, replace_at, tree_map
 from probes.free_benchmark.float_bits import (
     BIT_NAMES,
-    combined,
     compared_gate,
+    edited_in_band,
     finfo_max,
     fp8_codes,
-    in_band,
     magnitude_code,
 )
 
@@ -249,8 +248,7 @@ class AddNoise(Perturbation):
         # NaN stay as they are
         above, below = magnitude_code(name, compared_gate(name, gate)), magnitude_code(name, finfo_max(name))
         b, bits, back = _bit_workspace(self.backend, t)
-        band = in_band(b, b.namespace(bits), bits, name, above, below)
-        return back(combined(b, "add", band, bits))
+        return back(edited_in_band(b, bits, name, above, below, "add"))
 
 
 class BitNoise(Perturbation):
@@ -275,9 +273,8 @@ class BitNoise(Perturbation):
             return back(b.from_bit_view(xp.where((magnitude >= normal) & (magnitude <= top), flipped, bits), t))
         # the finite elements above the smallest normal one (NaN lies above infinity)
         b, bits, back = _bit_workspace(self.backend, t)
-        flip = in_band(b, b.namespace(bits), bits, name, magnitude_code(name, th.SMALLEST_NORMAL[name]),
-                       magnitude_code(name, math.inf))
-        return back(combined(b, "bitwise_xor", flip, bits))
+        return back(edited_in_band(b, bits, name, magnitude_code(name, th.SMALLEST_NORMAL[name]),
+                                   magnitude_code(name, math.inf), "bitwise_xor"))
 
 
 class ChangeValue(Perturbation):

@@ -10,12 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from probes.backends import torch_host
+from probes.backends import host_kernels, torch_host
 from probes.backends.host_arrays import bfloat16_as_float32, ratio_figures
 from probes.backends.torch_backend import BACKEND
 from probes.core import metrics
 
 FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+# each test with the host arrays' C kernels and with NumPy's passes alone
+pytestmark = pytest.mark.usefixtures("kernel_path")
 
 
 def _pair(dtype, n, seed):
@@ -82,7 +84,28 @@ def test_what_is_not_plain_or_too_large_takes_the_torch_kernels():
     assert torch_host.compute_view(torch.arange(3), a) is None  # not a float
     big = torch.randn(torch_host.HOST_MAX_ELEMENTS + 1)
     assert torch_host.host_view(big) is None
-    assert torch.is_tensor(BACKEND.ratio_reductions(big, big * 1.001, 1e-4))  # device figures
+    kernels = host_kernels.kernels() is not None
+    # larger float32/float64 pairs: the C kernel's one pass where it is loaded, else torch's kernels
+    assert torch.is_tensor(BACKEND.ratio_reductions(big, big * 1.001, 1e-4)) is not kernels
+    assert torch.is_tensor(BACKEND.ratio_reductions(big.half(), big.half() * 1.001, 1e-4))
+    strided = torch.randn(2 * big.numel())[::2]  # not dense: torch's kernels
+    assert torch.is_tensor(BACKEND.ratio_reductions(strided, strided * 1.001, 1e-4))
+    huge = torch.randn(torch_host.KERNEL_MAX_ELEMENTS + 1)
+    assert torch.is_tensor(BACKEND.ratio_reductions(huge, huge, 1e-4))
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_kernel_sized_pairs_equal_torch_kernels(layout):
+    a, b = _pair(torch.float32, 300 * 200, 4)
+    a, b = a.reshape(300, 200), b.reshape(300, 200)
+    if layout == "transposed":
+        a, b = a.t(), b.t()
+    a[7, 3], b[9, 1] = 1e-9, -b[9, 1]
+    for tol in (1e-6, 1e-4):
+        figures = BACKEND.ratio_reductions(a, b, tol)
+        assert (type(figures) is list) is (host_kernels.kernels() is not None)  # else torch's kernels
+        figures = figures if type(figures) is list else BACKEND.host_floats([figures])[0]
+        assert figures == _torch_figures(a, b, tol) == _core_figures(a, b, tol)
     seen = []
     torch.func.vmap(lambda x: seen.append(torch_host.host_view(x)) or x)(torch.randn(2, 3))
     assert seen == [None]  # a transform's batched view holds other values than its memory

@@ -508,7 +508,7 @@ def test_ratio_at_once_leaves_everything_else_to_the_comparison():
     with_nan[0, 0] = math.nan
     with_inf = a.clone()
     with_inf[1, 1] = math.inf
-    big = torch.randn(torch_host.HOST_MAX_ELEMENTS + 1)
+    big = torch.randn(torch_host.KERNEL_MAX_ELEMENTS + 1)  # beyond the host's limit (with or without C kernels)
     for original, perturbed in [(with_nan, with_nan.clone()), (a, with_inf), (big, big.clone()), ((a,), (a.clone(),)),
                                 (a.as_subclass(_Sub), a.clone()), (torch.arange(3), torch.arange(3)),
                                 (torch.randn(3, dtype=torch.complex64),) * 2, (torch.ones(0), torch.ones(0)),

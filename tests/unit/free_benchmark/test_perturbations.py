@@ -586,10 +586,11 @@ def perturbed_by(backend, mode: str, style: str, x: torch.Tensor) -> torch.Tenso
 
 @pytest.mark.parametrize("mode, style", HOST_MODES, ids=[f"{m}-{s}" for m, s in HOST_MODES])
 @dtype_param
-def test_host_path_gives_the_kernels_bits(mode, style, dtype, monkeypatch):
+def test_host_path_gives_the_kernels_bits(mode, style, dtype, monkeypatch, kernel_path):
     """Every 16-bit pattern (in halves the host takes), random float32/float64 bit patterns and
-    the values around every limit: the same bits on NumPy views as on torch's kernels, and the
-    host path really taken (the workspace is asked and answers)."""
+    the values around every limit: the same bits on NumPy views (through the host arrays' C
+    kernels, and without them) as on torch's kernels, and the host path really taken (the
+    workspace is asked and answers); with the C kernels, larger and transposed tensors too."""
     from probes.backends import torch_host
 
     if dtype in (torch.float16, torch.bfloat16):
@@ -614,6 +615,11 @@ def test_host_path_gives_the_kernels_bits(mode, style, dtype, monkeypatch):
             torch.randn(64, 48, generator=g, dtype=torch.float64).to(dtype).t(),
         )
     parts = (*parts, torch.tensor(3.0, dtype=dtype), torch.tensor(math.inf, dtype=dtype))  # 0-d too
+    if kernel_path == "kernels":  # beyond NumPy's limit, in memory order
+        large = torch.randn(3 * torch_host.HOST_MAX_ELEMENTS, generator=torch.Generator().manual_seed(3),
+                            dtype=torch.float64).to(dtype)
+        large[:4] = torch.tensor([math.inf, -0.0, 1e-30, -65504.0])
+        parts = (*parts, large, large.reshape(-1, 96).t())
     taken = []
     workspace = torch_host.workspace
 

@@ -1,0 +1,170 @@
+"""The host arrays' one-pass C kernels give NumPy's passes' results bit for bit (the ratio figures
+and the band edits of add_noise / bit_noise), on every layout they accept; they load once per
+build key, and a machine that cannot build them keeps NumPy's passes with the reason said."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pytest
+
+from probes.backends import host_arrays, host_kernels
+from probes.backends.host_arrays import HOST_ARRAYS, in_memory_order, ratio_figures
+from probes.core import metrics
+
+SPECIAL = [0.0, -0.0, math.inf, -math.inf, math.nan, 1e-45, -1e-45, 1e-300, 3e38, -3e38, 1e-7, 1.0, -2.5]
+
+
+def _numpy_path(fn, *args):
+    """fn(*args) with the kernels switched off."""
+    old = os.environ.get(host_kernels.SWITCH)
+    os.environ[host_kernels.SWITCH] = "0"
+    host_kernels.reset()
+    try:
+        return fn(*args)
+    finally:
+        if old is None:
+            del os.environ[host_kernels.SWITCH]
+        else:
+            os.environ[host_kernels.SWITCH] = old
+        host_kernels.reset()
+
+
+def _arrays(dtype, n, seed, special_share=0.0):
+    rng = np.random.default_rng(seed)
+    a = (rng.standard_normal(n) * 10.0 ** rng.integers(-8, 4, n)).astype(dtype)
+    b = (a * (1 + 1e-3 * rng.standard_normal(n))).astype(dtype)
+    b[rng.random(n) < 0.05] *= -1
+    for arr in (a, b):
+        where = np.flatnonzero(rng.random(n) < special_share)
+        arr[where] = rng.choice(np.array(SPECIAL, dtype), where.size)
+    return a, b
+
+
+def _same(x, y):
+    """Figures equal as the rule reads them: NaN where NaN, a zero of either sign for min(a*b)."""
+    return [repr(v) if not (isinstance(v, float) and v == 0) else "0" for v in x] == \
+        [repr(v) if not (isinstance(v, float) and v == 0) else "0" for v in y]
+
+
+def _need_kernels():
+    host_kernels.reset()
+    if host_kernels.kernels() is None:
+        pytest.skip(f"no C kernels on this machine: {host_kernels.why_not()}")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n", [1, 3, 15, 16, 17, 31, 33, 1000, 4099])
+@pytest.mark.parametrize("special_share", [0.0, 0.002, 0.3])
+def test_ratio_figures_equal_numpys_passes(dtype, n, special_share):
+    _need_kernels()
+    for seed in range(3):
+        a, b = _arrays(dtype, n, seed + n, special_share)
+        for tol in (1e-6, 1e-3, 1e-45 if dtype == np.float32 else 1e-300, 0.5):
+            native = ratio_figures(a, b, tol)
+            plain = _numpy_path(ratio_figures, a, b, tol)
+            assert _same(native, plain), (native, plain, tol)
+            assert repr(metrics.finish_ratio(native, tol)) == repr(metrics.finish_ratio(plain, tol))
+            assert metrics.needs_nonfinite_pass(native) == metrics.needs_nonfinite_pass(plain)
+
+
+def test_a_nan_anywhere_in_any_lane_makes_the_figures_nan():
+    _need_kernels()
+    for n in (1, 16, 17, 40):
+        for at in range(n):
+            a = np.ones(n, np.float32)
+            b = np.full(n, 2.0, np.float32)
+            a[at] = math.nan
+            assert [math.isnan(x) for x in ratio_figures(a, b, 1e-6)] == [True, True, True]
+            a[at], b[at] = math.inf, 0.0  # inf * 0: only the product is NaN
+            figures = ratio_figures(a, b, 1e-6)
+            assert figures[0] == math.inf and not math.isnan(figures[1]) and math.isnan(figures[2])
+
+
+def test_layouts_the_kernels_walk_and_those_they_leave_to_numpy():
+    _need_kernels()
+    a, b = _arrays(np.float32, 6 * 5 * 4, 7)
+    a, b = a.reshape(6, 5, 4), b.reshape(6, 5, 4)
+    for perm in ((0, 1, 2), (2, 1, 0), (1, 0, 2), (0, 2, 1)):
+        ta, tb = a.transpose(perm), b.transpose(perm)
+        assert in_memory_order(ta, tb) is not None
+        assert _same(ratio_figures(ta, tb, 1e-6), _numpy_path(ratio_figures, ta, tb, 1e-6))
+    # not one memory order, or not dense: NumPy's passes, the same figures
+    assert in_memory_order(a.transpose(2, 1, 0), np.ascontiguousarray(b.transpose(2, 1, 0))) is None
+    assert in_memory_order(a[:, ::2], b[:, ::2]) is None
+    assert in_memory_order(a[::-1], b[::-1]) is None
+    assert _same(ratio_figures(a[:, ::2], b[:, ::2], 1e-6), _numpy_path(ratio_figures, a[:, ::2], b[:, ::2], 1e-6))
+    assert ratio_figures(a.astype(">f4"), b.astype(">f4"), 1e-6) == _numpy_path(
+        ratio_figures, a.astype(">f4"), b.astype(">f4"), 1e-6)  # another byte order: NumPy's passes
+
+
+@pytest.mark.parametrize("width", [16, 32, 64])
+@pytest.mark.parametrize("op", ["add", "bitwise_xor"])
+def test_band_edits_equal_numpys_passes_bit_for_bit(width, op):
+    _need_kernels()
+    rng = np.random.default_rng(width)
+    dtype = np.dtype(f"int{width}")
+    info = np.iinfo(dtype)
+    bits = rng.integers(info.min, info.max, 5003, dtype=dtype, endpoint=True)
+    top = (1 << (width - 1)) - 1
+    bits[:8] = [0, -1, top, -top - 1, 1, top - 1, -2, 2]
+    for above, below in ((0, top), (5, 7), (1 << (width - 3), top - (1 << (width - 4))), (top - 1, top), (0, 1)):
+        bits[8:12] = [above, above + 1, below - 1, below]
+        edited = HOST_ARRAYS.edited_in_band(op, bits, width, above, below)
+        expected = HOST_ARRAYS.combined(op, HOST_ARRAYS.in_band(bits, width, above, below), bits)
+        assert edited is not None and edited.dtype == bits.dtype
+        assert np.array_equal(edited, expected), (above, below)
+    # a transposed workspace keeps its layout, as NumPy's empty_like and torch do
+    square = bits[: 70 * 70].reshape(70, 70).T
+    edited = HOST_ARRAYS.edited_in_band(op, square, width, 3, top)
+    assert edited.strides == square.strides
+    assert np.array_equal(edited, HOST_ARRAYS.combined(op, HOST_ARRAYS.in_band(square, width, 3, top), square))
+    assert HOST_ARRAYS.edited_in_band(op, bits[::2], width, 3, top) is None  # not dense: the caller's passes
+    assert HOST_ARRAYS.edited_in_band(op, bits[:0], width, 3, top) is None
+
+
+def test_the_switch_a_missing_compiler_and_a_failing_build_keep_numpys_passes(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    a, b = _arrays(np.float32, 100, 1)
+    expected = _numpy_path(ratio_figures, a, b, 1e-6)
+    for env, reason in (({host_kernels.SWITCH: "off"}, host_kernels.SWITCH),
+                        ({"CC": str(tmp_path / "no-such-cc")}, "could not be built"),
+                        ({"CC": "false"}, "failed")):
+        with monkeypatch.context() as m:
+            for key, value in env.items():
+                m.setenv(key, value)
+            host_kernels.reset()
+            assert host_kernels.kernels() is None
+            assert reason in host_kernels.why_not()
+            assert _same(ratio_figures(a, b, 1e-6), expected)
+            assert HOST_ARRAYS.edited_in_band("add", a.view(np.int32), 32, 1, 5) is None
+    host_kernels.reset()
+    assert not any(p.suffix == ".so" for p in (tmp_path / "cache").rglob("*")), "a failed build leaves nothing"
+
+
+def test_one_build_per_key_shared_through_the_cache(monkeypatch, tmp_path):
+    _need_kernels()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    host_kernels.reset()
+    assert host_kernels.kernels() is not None
+    built = list((tmp_path / "cache" / "pytest-msprobe").glob("host_kernels-*.so"))
+    assert len(built) == 1
+    stamp = built[0].stat().st_mtime_ns
+    host_kernels.reset()
+    assert host_kernels.kernels() is not None  # loaded again, not rebuilt
+    assert built[0].stat().st_mtime_ns == stamp
+    assert list((tmp_path / "cache" / "pytest-msprobe").iterdir()) == built  # no temporary left
+    # a cache folder that cannot be made (a file in its way): a private folder of the process
+    (tmp_path / "blocked").write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "blocked"))
+    host_kernels.reset()
+    assert host_kernels.kernels() is not None
+    host_kernels.reset()
+
+
+def test_ratio_figures_keep_their_documented_shape_with_either_path(kernel_path):
+    figures = ratio_figures(np.array([1e-9, 2.0], np.float32), np.array([2e-9, -4.0], np.float32), 1e-6)
+    assert figures == [1.0, 0.5, pytest.approx(-8.0)]
+    assert host_arrays.COMPUTE_DTYPES  # (the module's other users unchanged)

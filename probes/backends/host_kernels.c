@@ -1,66 +1,109 @@
 /* One-pass kernels over host memory for the probes' hottest element-wise work (host_kernels.py
- * says why and how they are built). Plain C99, compiled without -march or fast-math: every
- * result is the IEEE result NumPy's passes give, on any CPU.
+ * says why and how they are built). C99 with GCC/Clang vector types, compiled without -march or
+ * fast-math: every result is the IEEE result NumPy's passes give, on any CPU.
  *
- * The reductions keep LANES independent accumulators so the compiler can vectorise them with
- * the baseline instruction set (a maximum or minimum is exact, so the order does not matter);
- * NaN is tracked apart and reported in the return value, where NumPy's max/min return NaN. */
+ * The loops work on 16-byte vectors, U of them side by side so that the reductions' chains do
+ * not wait on each other. A maximum or minimum is exact, so the order in which lanes meet does
+ * not change it; NaN is tracked apart and reported in the return value, where NumPy's and torch's
+ * max and min return NaN. */
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
-#define LANES 16
+typedef float f32v __attribute__((vector_size(16)));
+typedef int32_t i32v __attribute__((vector_size(16)));
+typedef double f64v __attribute__((vector_size(16)));
+typedef int64_t i64v __attribute__((vector_size(16)));
+
+enum { U = 4 };
+
+static inline f32v load_f32(const float *p) { f32v v; memcpy(&v, p, sizeof v); return v; }
+static inline f64v load_f64(const double *p) { f64v v; memcpy(&v, p, sizeof v); return v; }
+
+/* a > b ? a : b and a < b ? a : b lane by lane (b where either is NaN): x86's MAXPS/MINPS exactly */
+#if defined(__SSE2__)
+static inline f32v gt_f32(f32v a, f32v b) { return (f32v)_mm_max_ps((__m128)a, (__m128)b); }
+static inline f32v lt_f32(f32v a, f32v b) { return (f32v)_mm_min_ps((__m128)a, (__m128)b); }
+static inline f64v gt_f64(f64v a, f64v b) { return (f64v)_mm_max_pd((__m128d)a, (__m128d)b); }
+static inline f64v lt_f64(f64v a, f64v b) { return (f64v)_mm_min_pd((__m128d)a, (__m128d)b); }
+#else
+static inline f32v gt_f32(f32v a, f32v b) { i32v m = a > b; return (f32v)(((i32v)a & m) | ((i32v)b & ~m)); }
+static inline f32v lt_f32(f32v a, f32v b) { i32v m = a < b; return (f32v)(((i32v)a & m) | ((i32v)b & ~m)); }
+static inline f64v gt_f64(f64v a, f64v b) { i64v m = a > b; return (f64v)(((i64v)a & m) | ((i64v)b & ~m)); }
+static inline f64v lt_f64(f64v a, f64v b) { i64v m = a < b; return (f64v)(((i64v)a & m) | ((i64v)b & ~m)); }
+#endif
 
 /* The free_benchmark ratio rule's figures: out = [max r, min r, min a*b] with
  * r = max(|a|, tol) / max(|b|, tol). Returns bit 0 set when some r is NaN, bit 1 when some a*b is. */
-#define RATIO_STEP(T, ABS, x, y, j)                                                            \
-    {                                                                                          \
-        T ax = ABS(x), ay = ABS(y);                                                            \
-        ax = tol > ax ? tol : ax; /* NaN stays NaN, as np.maximum */                           \
-        ay = tol > ay ? tol : ay;                                                              \
-        T r = ax / ay, p = (x) * (y);                                                          \
-        rnan[j] |= r != r;                                                                     \
-        pnan[j] |= p != p;                                                                     \
-        rmax[j] = r > rmax[j] ? r : rmax[j];                                                   \
-        rmin[j] = r < rmin[j] ? r : rmin[j];                                                   \
-        pmin[j] = p < pmin[j] ? p : pmin[j];                                                   \
-    }
-
-#define RATIO(NAME, T, ABS)                                                                    \
+#define RATIO(NAME, T, V, IV, SFX, ABS_MASK)                                                   \
     int NAME(const T *a, const T *b, ptrdiff_t n, T tol, double *out) {                        \
-        T rmax[LANES], rmin[LANES], pmin[LANES];                                               \
-        int rnan[LANES], pnan[LANES], flags = 0;                                               \
-        for (int j = 0; j < LANES; j++) {                                                      \
-            rmax[j] = -(T)INFINITY;                                                            \
-            rmin[j] = pmin[j] = (T)INFINITY;                                                   \
-            rnan[j] = pnan[j] = 0;                                                             \
+        enum { W = sizeof(V) / sizeof(T) };                                                    \
+        V tolv, rmax[U], rmin[U], pmin[U];                                                     \
+        IV nan[U], abs_mask;                                                                   \
+        for (int j = 0; j < W; j++) {                                                          \
+            tolv[j] = tol;                                                                     \
+            abs_mask[j] = ABS_MASK;                                                            \
+        }                                                                                      \
+        for (int k = 0; k < U; k++) {                                                          \
+            rmax[k] = -tolv * (T)INFINITY;                                                     \
+            rmin[k] = pmin[k] = tolv * (T)INFINITY;                                            \
+            nan[k] = abs_mask & 0;                                                             \
         }                                                                                      \
         ptrdiff_t i = 0;                                                                       \
-        for (; i + LANES <= n; i += LANES)                                                     \
-            for (int j = 0; j < LANES; j++) RATIO_STEP(T, ABS, a[i + j], b[i + j], j)          \
-        for (int j = 0; i < n; i++, j++) RATIO_STEP(T, ABS, a[i], b[i], j)                     \
-        for (int j = 1; j < LANES; j++) {                                                      \
-            rmax[0] = rmax[j] > rmax[0] ? rmax[j] : rmax[0];                                   \
-            rmin[0] = rmin[j] < rmin[0] ? rmin[j] : rmin[0];                                   \
-            pmin[0] = pmin[j] < pmin[0] ? pmin[j] : pmin[0];                                   \
+        for (; i + U * W <= n; i += U * W)                                                     \
+            for (int k = 0; k < U; k++) {                                                      \
+                V x = load_##SFX(a + i + k * W), y = load_##SFX(b + i + k * W);                \
+                /* max(|x|, tol) with NaN kept, as np.maximum: MAXPS(tol, NaN) is NaN */       \
+                V ax = gt_##SFX(tolv, (V)((IV)x & abs_mask));                                  \
+                V ay = gt_##SFX(tolv, (V)((IV)y & abs_mask));                                  \
+                V r = ax / ay, p = x * y;                                                      \
+                nan[k] |= (r != r) & 1;                                                        \
+                nan[k] |= (p != p) & 2;                                                        \
+                rmax[k] = gt_##SFX(r, rmax[k]);                                                \
+                rmin[k] = lt_##SFX(r, rmin[k]);                                                \
+                pmin[k] = lt_##SFX(p, pmin[k]);                                                \
+            }                                                                                  \
+        T top = -(T)INFINITY, low = (T)INFINITY, prod = (T)INFINITY;                           \
+        int flags = 0;                                                                         \
+        for (int k = 0; k < U; k++)                                                            \
+            for (int j = 0; j < W; j++) {                                                      \
+                top = rmax[k][j] > top ? rmax[k][j] : top;                                     \
+                low = rmin[k][j] < low ? rmin[k][j] : low;                                     \
+                prod = pmin[k][j] < prod ? pmin[k][j] : prod;                                  \
+                flags |= (int)nan[k][j];                                                       \
+            }                                                                                  \
+        for (; i < n; i++) {                                                                   \
+            T x = a[i], y = b[i];                                                              \
+            T ax = x < 0 ? -x : x, ay = y < 0 ? -y : y;                                        \
+            ax = tol > ax ? tol : ax;                                                          \
+            ay = tol > ay ? tol : ay;                                                          \
+            T r = ax / ay, p = x * y;                                                          \
+            flags |= (r != r) | (p != p) << 1;                                                 \
+            top = r > top ? r : top;                                                           \
+            low = r < low ? r : low;                                                           \
+            prod = p < prod ? p : prod;                                                        \
         }                                                                                      \
-        for (int j = 0; j < LANES; j++) flags |= rnan[j] | pnan[j] << 1;                       \
-        out[0] = rmax[0];                                                                      \
-        out[1] = rmin[0];                                                                      \
-        out[2] = pmin[0];                                                                      \
+        out[0] = top;                                                                          \
+        out[1] = low;                                                                          \
+        out[2] = prod;                                                                         \
         return flags;                                                                          \
     }
 
-RATIO(ratio_figures_f32, float, fabsf)
-RATIO(ratio_figures_f64, double, fabs)
+RATIO(ratio_figures_f32, float, f32v, i32v, f32, INT32_MAX)
+RATIO(ratio_figures_f64, double, f64v, i64v, f64, INT64_MAX)
 
 /* A perturbation's edit of float bit patterns: out = bits OP 1 where above < (bits & mask) <
- * below (the magnitude code of a finite float in a band), else bits. `bits` is T's signed view. */
-#define BAND(NAME, T, U, OP)                                                                   \
-    void NAME(const T *bits, T *out, ptrdiff_t n, U mask, U above, U below) {                  \
+ * below (the magnitude code of a finite float in a band), else bits. `bits` is T's signed view.
+ * (Plain loops: the compiler vectorises integer code of one width by itself.) */
+#define BAND(NAME, T, UT, OP)                                                                  \
+    void NAME(const T *restrict bits, T *restrict out, ptrdiff_t n, UT mask, UT above, UT below) { \
         for (ptrdiff_t i = 0; i < n; i++) {                                                    \
-            U m = (U)bits[i] & mask;                                                           \
-            out[i] = (T)((U)bits[i] OP(U)(m > above && m < below));                            \
+            UT m = (UT)bits[i] & mask;                                                         \
+            out[i] = (T)((UT)bits[i] OP(UT)(m > above && m < below));                          \
         }                                                                                      \
     }
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 _SOURCE = Path(__file__).with_name("host_kernels.c")
-_FLAGS = ("-O3", "-std=c99", "-fPIC", "-shared", "-ffp-contract=off")
+_FLAGS = ("-O3", "-std=gnu99", "-fPIC", "-shared", "-ffp-contract=off")
 #: set to 0 (or off, false, no) to keep NumPy's passes
 SWITCH = "MSPROBE_HOST_KERNELS"
 _P, _N = ctypes.c_void_p, ctypes.c_ssize_t

@@ -69,23 +69,19 @@ class HostArrays(BitViews):
         return getattr(np, op)(bits, band, out=band)
 
     def edited_in_band(self, op: str, bits: np.ndarray, width: int, above: int, below: int) -> np.ndarray | None:
-        """combined(op, in_band(bits, ...), bits) in one pass into a fresh C-contiguous array
-        (host_kernels.c), or None where the kernels are missing or `bits` is not contiguous."""
-        lib = host_kernels.kernels()
-        kernel = _BAND_KERNELS.get((op, bits.dtype))  # (native byte order only)
-        if lib is None or kernel is None or bits.size == 0:
+        """combined(op, in_band(bits, ...), bits) in one pass into a fresh array of `bits`' layout
+        (host_kernels.c), or None where the kernels are missing or cannot walk `bits`."""
+        if bits.size == 0 or bits.dtype not in _BAND_DTYPES:  # (native byte order only)
             return None
         out = np.empty_like(bits)  # the input's layout, as torch keeps it
         walked = in_memory_order(bits, out)
-        if walked is None:
+        if walked is None or not host_kernels.edit_band(op, bits.itemsize, walked[0].ctypes.data,
+                                                        walked[1].ctypes.data, bits.size, above, below):
             return None
-        getattr(lib, kernel)(walked[0].ctypes.data, walked[1].ctypes.data, bits.size, (1 << (width - 1)) - 1,
-                             above, below)
         return out
 
 
-_BAND_KERNELS = {(op, np.dtype(f"int{width}")): f"band_{short}_{width}"
-                 for op, short in (("add", "add"), ("bitwise_xor", "xor")) for width in (16, 32, 64)}
+_BAND_DTYPES = frozenset(np.dtype(f"int{width}") for width in (16, 32, 64))
 HOST_ARRAYS = HostArrays()
 
 def in_memory_order(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
@@ -137,18 +133,12 @@ def ratio_figures(a: np.ndarray, b: np.ndarray, tol: float) -> list[float]:
     dtype, in two scratch arrays (a fresh buffer per operation would cost as much as the
     arithmetic). Overflow to inf is a figure, as on the frameworks' kernels, not a warning in
     the user's output."""
-    lib = host_kernels.kernels()
-    kernel = _RATIO_KERNELS.get(a.dtype) if lib is not None and a.size and a.dtype == b.dtype else None
-    walked = None if kernel is None else in_memory_order(a, b)  # (max and min: any order gives the same)
-    if walked is not None:
-        out = np.empty(3)
-        flags = getattr(lib, kernel)(walked[0].ctypes.data, walked[1].ctypes.data, a.size, tol, out.ctypes.data)
-        figures = out.tolist()
-        if flags & 1:  # NaN in some r: NumPy's max and min are NaN
-            figures[0] = figures[1] = math.nan
-        if flags & 2:
-            figures[2] = math.nan
-        return figures
+    if a.size and a.dtype == b.dtype and a.dtype in COMPUTE_DTYPES:  # (native byte order only)
+        walked = in_memory_order(a, b)  # (max and min: any order gives the same)
+        figures = None if walked is None else host_kernels.ratio_figures(
+            a.itemsize, walked[0].ctypes.data, walked[1].ctypes.data, a.size, tol)
+        if figures is not None:
+            return figures
     tol_ = a.dtype.type(tol)  # the clamp in the compute dtype, as the framework's kernels clamp
     r = np.abs(a, out=np.empty(a.shape, a.dtype))  # (out=: a 0-d result stays an array)
     s = np.abs(b, out=np.empty(b.shape, b.dtype))
@@ -159,8 +149,6 @@ def ratio_figures(a: np.ndarray, b: np.ndarray, tol: float) -> list[float]:
         np.multiply(a, b, out=s)
     return [float(r.max()), float(r.min()), float(s.min())]
 
-
-_RATIO_KERNELS = {np.dtype(np.float32): "ratio_figures_f32", np.dtype(np.float64): "ratio_figures_f64"}
 
 #: the length of the constant arrays clamp_below compares with
 FLOOR_CHUNK = 1 << 16

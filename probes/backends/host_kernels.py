@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import math
 import os
 import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +37,16 @@ _FLAGS = ("-O3", "-std=gnu99", "-fPIC", "-shared", "-ffp-contract=off")
 SWITCH = "MSPROBE_HOST_KERNELS"
 _P, _N = ctypes.c_void_p, ctypes.c_ssize_t
 _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
-    "ratio_figures_f32": (ctypes.c_int, [_P, _P, _N, ctypes.c_float, _P]),
-    "ratio_figures_f64": (ctypes.c_int, [_P, _P, _N, ctypes.c_double, _P]),
+    "ratio_figures_f32": (ctypes.c_int, [_P, _P, _N, ctypes.c_float, ctypes.POINTER(ctypes.c_double)]),
+    "ratio_figures_f64": (ctypes.c_int, [_P, _P, _N, ctypes.c_double, ctypes.POINTER(ctypes.c_double)]),
     **{f"band_{op}_{w}": (None, [_P, _P, _N, u, u, u])
        for op in ("add", "xor") for w, u in ((16, ctypes.c_uint16), (32, ctypes.c_uint32), (64, ctypes.c_uint64))},
 }
+_BAND_NAMES = {(op, w): f"band_{short}_{w}" for op, short in (("add", "add"), ("bitwise_xor", "xor")) for w in (16, 32, 64)}
 _state: dict[str, Any] = {}
+# the figures' landing place, one per thread (ctypes releases the GIL during a call)
+_OUT_TYPE = ctypes.c_double * 3
+_per_thread = threading.local()
 
 
 def kernels() -> Any:
@@ -51,6 +57,35 @@ def kernels() -> Any:
         except Exception as exc:  # a probe never fails for want of a faster loop
             _state["lib"], _state["why"] = None, f"the kernels could not be built or loaded: {exc!r}"
     return _state["lib"]
+
+
+def ratio_figures(itemsize: int, a: int, b: int, n: int, tol: float) -> list[float] | None:
+    """[max r, min r, min a*b] of n float32 (itemsize 4) or float64 (8) pairs at addresses a and b
+    (the ratio rule's figures, NaN where NumPy's max or min would be), or None without kernels."""
+    lib = kernels()
+    if lib is None:
+        return None
+    out = getattr(_per_thread, "out", None)
+    if out is None:
+        out = _per_thread.out = _OUT_TYPE()
+    flags = (lib.ratio_figures_f32 if itemsize == 4 else lib.ratio_figures_f64)(a, b, n, tol, out)
+    figures = out[:]
+    if flags & 1:
+        figures[0] = figures[1] = math.nan
+    if flags & 2:
+        figures[2] = math.nan
+    return figures
+
+
+def edit_band(op: str, itemsize: int, src: int, dst: int, n: int, above: int, below: int) -> bool:
+    """Write n elements of `itemsize` bytes (bit patterns of floats) from `src` to `dst`, each
+    `op` ("add" or "bitwise_xor") 1 where above < its magnitude code < below; False without kernels."""
+    lib = kernels()
+    if lib is None:
+        return False
+    width = 8 * itemsize
+    getattr(lib, _BAND_NAMES[op, width])(src, dst, n, (1 << (width - 1)) - 1, above, below)
+    return True
 
 
 def why_not() -> str | None:

@@ -12,6 +12,7 @@ from probes.backends import (
     torch_dtensor,
     torch_fp8,
     torch_host,
+    torch_kernels,
     torch_leaves,
     torch_memory,
     torch_xp,
@@ -37,7 +38,6 @@ _DTYPE_NAMES = {
 # the dtypes improve_precision raises to float32 (probes.core.precision_raise.LOW_PRECISION)
 _VF: Any = torch._C._VariableFunctions
 _LOW_PRECISION = {torch.float16, torch.bfloat16}
-_KERNEL_RATIO_DTYPES = frozenset({torch.float32, torch.float64})  # measured by host_kernels.c in place
 _WIDER_COMPLEX = {("half", torch.complex32): torch.complex64, ("float32", torch.complex64): torch.complex128}
 # Devices whose kernels largely lack float64 (Ascend NPUs, Apple MPS): improve_precision's float64
 # re-run of a float32 call happens on the CPU there, with the inputs copied over.
@@ -238,12 +238,12 @@ class TorchBackend(BackendDefaults):
         views = self._host_pair(a, b, a)
         return None if views is None else host_scaled_figures(*views, eps, tuple(b.shape), **scaled_options(elementwise))
 
-    def _host_pair(self, a: Any, b: Any, like: Any, limit: int = torch_host.HOST_MAX_ELEMENTS) -> tuple[Any, Any] | None:
-        """NumPy views of plain CPU tensors `a` and `b` of one shape and at most `limit` elements,
-        in like's compute dtype (torch_host.compute_view), or None."""
-        if a.numel() <= limit:
-            ha = torch_host.compute_view(a, like, limit)
-            hb = None if ha is None else torch_host.compute_view(b, like, limit)
+    def _host_pair(self, a: Any, b: Any, like: Any) -> tuple[Any, Any] | None:
+        """NumPy views of small plain CPU tensors `a` and `b` of one shape, in like's compute
+        dtype (torch_host.compute_view), or None."""
+        if a.numel() <= torch_host.HOST_MAX_ELEMENTS:
+            ha = torch_host.compute_view(a, like)
+            hb = None if ha is None else torch_host.compute_view(b, like)
             if hb is not None and ha.shape == hb.shape:
                 return ha, hb
         return None
@@ -259,12 +259,11 @@ class TorchBackend(BackendDefaults):
         return found if found is not None else self.device_ratio_reductions(a, b, tol)
 
     def host_ratio_reductions(self, a: Any, b: Any, tol: float) -> list[float] | None:
-        """ratio_reductions' host numbers for small plain CPU tensors (larger float32/float64
-        ones where the C kernel measures them), else None."""
-        limit = torch_host.HOST_MAX_ELEMENTS
-        if a.numel() > limit and a.dtype is b.dtype and a.dtype in _KERNEL_RATIO_DTYPES:
-            limit = torch_host.kernel_limit(a, b)
-        views = self._host_pair(a, b, b, limit)
+        """ratio_reductions' host numbers for plain CPU tensors (torch_kernels, or NumPy), else None."""
+        found = torch_kernels.ratio_figures(a, b, tol)
+        if found is not None:
+            return found
+        views = self._host_pair(a, b, b)
         return None if views is None else ratio_figures(*views, tol)
 
     def device_ratio_reductions(self, a: Any, b: Any, tol: float) -> Any:
@@ -332,6 +331,8 @@ class TorchBackend(BackendDefaults):
 
     # True/False for plain CPU tensors, answered on the host at once; None: measure on the device
     host_equal = staticmethod(host_equal)
+
+    band_edited = staticmethod(torch_kernels.band_edited)
 
     def host_workspace(self, t: Any, moves_only: bool = False) -> tuple[Any, Any, Any] | None:
         """NumPy views for the perturbations of small plain CPU tensors (torch_host.workspace)."""

@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from probes.backends import host_kernels
 from probes.backends.host_arrays import COMPUTE_DTYPES, HOST_ARRAYS, bfloat16_as_float32
 
 #: Tensors up to this many elements are compared with NumPy: below it its single-threaded
@@ -22,11 +21,6 @@ from probes.backends.host_arrays import COMPUTE_DTYPES, HOST_ARRAYS, bfloat16_as
 #: figures, measured on one AVX2 core: 9 against 72 us at 256 elements, 68 against 122 us at 32K;
 #: at 128K NumPy is slower, and in a training step already at 64K).
 HOST_MAX_ELEMENTS = 1 << 15
-#: ... and up to this many where the host arrays' one-pass C kernels do the work (host_kernels.py):
-#: one pass over the elements beats torch's several at any size a checked call's output has on
-#: one thread (the ratio figures at 256K float32 elements: ~125 us against ~330 us for NumPy's
-#: passes and more for torch's)
-KERNEL_MAX_ELEMENTS = 1 << 20
 
 _STRIDED = torch.strided
 _IS_WRAPPED = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
@@ -63,35 +57,15 @@ def as_numpy(t: torch.Tensor) -> np.ndarray:
     return _numpy(_detach(t))
 
 
-def kernel_limit(*tensors: Any) -> int:
-    """The host limit for work the C kernels do: theirs where they are loaded, for tensors that
-    cover their memory densely (a transposed one does: the kernels walk it in memory order), else
-    HOST_MAX_ELEMENTS."""
-    if all(map(_dense, tensors)) and host_kernels.kernels() is not None:
-        return KERNEL_MAX_ELEMENTS
-    return HOST_MAX_ELEMENTS
-
-
-def _dense(t: Any) -> bool:
-    if t.is_contiguous():
-        return True
-    expected = 1
-    for size, stride in sorted(zip(t.shape, t.stride()), key=lambda d: d[1]):
-        if size != 1 and stride != expected:
-            return False
-        expected *= size
-    return True
-
-
-def compute_view(t: Any, like: Any, limit: int = HOST_MAX_ELEMENTS) -> np.ndarray | None:
+def compute_view(t: Any, like: Any) -> np.ndarray | None:
     """`t`'s values on the host in the compute dtype of the ratio rule for `like` (like's dtype,
     at least float32): a view for float32/float64, an exact widened copy for float16 / bfloat16;
     None where host_view gives none (bfloat16 is read through its bits)."""
     dtype = np.float64 if like.dtype == torch.float64 else np.float32
     if t.dtype == torch.bfloat16:
-        bits = host_view(_view(t, torch.int16), limit) if plain_cpu(t) else None
+        bits = host_view(_view(t, torch.int16)) if plain_cpu(t) else None
         return None if bits is None else bfloat16_as_float32(bits).astype(dtype, copy=False)
-    view = host_view(t, limit)
+    view = host_view(t)
     if view is None or view.dtype.kind != "f":
         return None
     return view if view.dtype in COMPUTE_DTYPES and view.dtype == dtype else view.astype(dtype)
@@ -107,11 +81,10 @@ def workspace(t: Any, moves_only: bool = False) -> tuple[Any, np.ndarray, Any] |
     which raise no floating-point warnings."""
     if not moves_only:
         return None
-    limit = kernel_limit(t) if t.numel() > HOST_MAX_ELEMENTS else HOST_MAX_ELEMENTS
     if t.dtype == torch.bfloat16:
-        bits = host_view(_view(t, torch.int16), limit) if plain_cpu(t) else None
+        bits = host_view(_view(t, torch.int16)) if plain_cpu(t) else None
         return None if bits is None else (HOST_ARRAYS, bits, _bfloat16_from_bits)
-    view = host_view(t, limit)
+    view = host_view(t)
     return None if view is None or view.dtype.kind != "f" else (HOST_ARRAYS, view, _from_numpy)
 
 

@@ -39,6 +39,7 @@ from probes.free_benchmark.float_bits import (
     BIT_NAMES,
     compared_gate,
     edited_in_band,
+    edited_tensor,
     finfo_max,
     fp8_codes,
     magnitude_code,
@@ -247,6 +248,9 @@ class AddNoise(Perturbation):
         # and below the largest finite value, which has no finite neighbour further out; inf and
         # NaN stay as they are
         above, below = magnitude_code(name, compared_gate(name, gate)), magnitude_code(name, finfo_max(name))
+        edited = edited_tensor(self.backend, t, above, below, "add")
+        if edited is not None:
+            return edited
         b, bits, back = _bit_workspace(self.backend, t)
         return back(edited_in_band(b, bits, name, above, below, "add"))
 
@@ -272,9 +276,12 @@ class BitNoise(Perturbation):
             flipped = xp.where(xp.bitwise_xor(magnitude, one) > top, bits - 1, xp.bitwise_xor(bits, one))
             return back(b.from_bit_view(xp.where((magnitude >= normal) & (magnitude <= top), flipped, bits), t))
         # the finite elements above the smallest normal one (NaN lies above infinity)
+        above, below = magnitude_code(name, th.SMALLEST_NORMAL[name]), magnitude_code(name, math.inf)
+        edited = edited_tensor(self.backend, t, above, below, "bitwise_xor")
+        if edited is not None:
+            return edited
         b, bits, back = _bit_workspace(self.backend, t)
-        return back(edited_in_band(b, bits, name, magnitude_code(name, th.SMALLEST_NORMAL[name]),
-                                   magnitude_code(name, math.inf), "bitwise_xor"))
+        return back(edited_in_band(b, bits, name, above, below, "bitwise_xor"))
 
 
 class ChangeValue(Perturbation):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from probes.backends import host_kernels, torch_host
+from probes.backends import host_kernels, torch_host, torch_kernels
 from probes.backends.host_arrays import bfloat16_as_float32, ratio_figures
 from probes.backends.torch_backend import BACKEND
 from probes.core import metrics
@@ -88,9 +88,12 @@ def test_what_is_not_plain_or_too_large_takes_the_torch_kernels():
     # larger float32/float64 pairs: the C kernel's one pass where it is loaded, else torch's kernels
     assert torch.is_tensor(BACKEND.ratio_reductions(big, big * 1.001, 1e-4)) is not kernels
     assert torch.is_tensor(BACKEND.ratio_reductions(big.half(), big.half() * 1.001, 1e-4))
+    assert torch.is_tensor(BACKEND.ratio_reductions(big, big.double(), 1e-4))  # mixed dtypes
     strided = torch.randn(2 * big.numel())[::2]  # not dense: torch's kernels
     assert torch.is_tensor(BACKEND.ratio_reductions(strided, strided * 1.001, 1e-4))
-    huge = torch.randn(torch_host.KERNEL_MAX_ELEMENTS + 1)
+    square = torch.randn(200, 200)
+    assert torch.is_tensor(BACKEND.ratio_reductions(square.t(), square * 1.001, 1e-4))  # two memory orders
+    huge = torch.randn(torch_kernels.KERNEL_MAX_ELEMENTS + 1)
     assert torch.is_tensor(BACKEND.ratio_reductions(huge, huge, 1e-4))
 
 
@@ -128,3 +131,28 @@ def test_bfloat16_bits_widen_exactly_and_figures_use_the_compute_dtype():
     assert BACKEND.ratio_reductions(a, b.float(), 1e-4) == _torch_figures(a, b.float(), 1e-4)
     assert ratio_figures(np.array([1e-9], np.float32), np.array([2e-9], np.float32), 1e-6) == [1.0, 1.0,
                                                                                            pytest.approx(2e-18)]
+
+
+def test_the_kernels_work_by_address_only_where_the_memory_holds_the_values():
+    """band_edited and ratio_figures answer for plain CPU tensors laid out densely (a transposed
+    one too), never for a subclass, a transform's wrapper, a gapped view or another layout, and
+    their result carries no autograd history."""
+    x = torch.randn(64, 48, requires_grad=True)
+    top = (1 << 31) - 1
+    edited = torch_kernels.band_edited(x.t(), "bitwise_xor", 0, top)
+    if host_kernels.kernels() is None:
+        assert edited is None
+        return
+    assert edited.stride() == x.t().stride() and not edited.requires_grad
+    assert torch.equal(edited.view(torch.int32) ^ x.t().detach().view(torch.int32), torch.ones(48, 64, dtype=torch.int32))
+    assert torch_kernels.band_edited(torch.randn(10, 10)[:, ::2], "add", 0, top) is None
+    assert torch_kernels.band_edited(torch.randn(4).as_subclass(Mine), "add", 0, top) is None
+    assert torch_kernels.band_edited(torch.ones(0), "add", 0, top) is None
+    assert torch_kernels.band_edited(torch.arange(4), "add", 0, top) is None  # not a float
+    seen = []
+    torch.func.vmap(lambda v: seen.append(torch_kernels.band_edited(v, "add", 0, top)) or v)(torch.randn(2, 3))
+    assert seen == [None]
+    a = torch.randn(30, 20)
+    assert torch_kernels.ratio_figures(a.t(), (a * 1.001).t(), 1e-4) == _torch_figures(a.t(), (a * 1.001).t(), 1e-4)
+    assert torch_kernels.ratio_figures(a.t(), a.t().contiguous(), 1e-4) is None  # two memory orders
+    assert torch_kernels.ratio_figures(a.as_subclass(Mine), a, 1e-4) is None

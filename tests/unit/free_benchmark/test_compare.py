@@ -501,14 +501,14 @@ def test_ratio_at_once_gives_the_comparisons_verdicts(dtype, shape, tolerance, m
 def test_ratio_at_once_leaves_everything_else_to_the_comparison():
     """Non-finite figures, large or device-less outputs, containers, subclasses, integer, complex
     and empty tensors, other shapes, and the modes with another rule go through the comparison."""
-    from probes.backends import torch_host
+    from probes.backends import torch_kernels
 
     a = torch.randn(4, 5)
     with_nan = a.clone()
     with_nan[0, 0] = math.nan
     with_inf = a.clone()
     with_inf[1, 1] = math.inf
-    big = torch.randn(torch_host.KERNEL_MAX_ELEMENTS + 1)  # beyond the host's limit (with or without C kernels)
+    big = torch.randn(torch_kernels.KERNEL_MAX_ELEMENTS + 1)  # beyond the host's limit (with or without C kernels)
     for original, perturbed in [(with_nan, with_nan.clone()), (a, with_inf), (big, big.clone()), ((a,), (a.clone(),)),
                                 (a.as_subclass(_Sub), a.clone()), (torch.arange(3), torch.arange(3)),
                                 (torch.randn(3, dtype=torch.complex64),) * 2, (torch.ones(0), torch.ones(0)),

@@ -113,3 +113,38 @@ BAND(band_add_64, int64_t, uint64_t, +)
 BAND(band_xor_16, int16_t, uint16_t, ^)
 BAND(band_xor_32, int32_t, uint32_t, ^)
 BAND(band_xor_64, int64_t, uint64_t, ^)
+
+/* Whether two float arrays are equal element by element as `a == b` reads them (NaN differs from
+ * NaN, -0.0 equals 0.0): free_benchmark's no_change verdict. One pass, no temporary. */
+#define ALL_EQUAL(NAME, T, V, IV, SFX)                                                         \
+    int NAME(const T *a, const T *b, ptrdiff_t n) {                                            \
+        enum { W = sizeof(V) / sizeof(T) };                                                    \
+        IV same[U];                                                                            \
+        ptrdiff_t i = 0;                                                                       \
+        for (int k = 0; k < U; k++) same[k] = (IV){0} == 0;                                    \
+        for (; i + U * W <= n; i += U * W)                                                     \
+            for (int k = 0; k < U; k++)                                                        \
+                same[k] &= load_##SFX(a + i + k * W) == load_##SFX(b + i + k * W);             \
+        int all = 1;                                                                           \
+        for (int k = 0; k < U; k++)                                                            \
+            for (int j = 0; j < W; j++) all &= same[k][j] != 0;                                \
+        for (; i < n; i++) all &= a[i] == b[i];                                                \
+        return all;                                                                            \
+    }
+
+ALL_EQUAL(all_equal_f32, float, f32v, i32v, f32)
+ALL_EQUAL(all_equal_f64, double, f64v, i64v, f64)
+
+/* The same for float16 / bfloat16 given as their bit patterns: equal bits that are not a NaN
+ * (magnitude code above the infinity's `inf`), or two zeros of either sign. */
+int all_equal_h16(const uint16_t *restrict a, const uint16_t *restrict b, ptrdiff_t n, uint16_t inf) {
+    int all = 1;
+    for (ptrdiff_t i = 0; i < n; i++) {
+        uint16_t x = a[i], y = b[i];
+        all &= (x == y && (uint16_t)(x & 0x7fff) <= inf) | ((uint16_t)((x | y) & 0x7fff) == 0);
+    }
+    return all;
+}
+
+/* Integer and bool arrays: equal bytes. */
+int all_equal_bytes(const void *a, const void *b, size_t nbytes) { return memcmp(a, b, nbytes) == 0; }

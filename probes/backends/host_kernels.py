@@ -39,6 +39,10 @@ _P, _N = ctypes.c_void_p, ctypes.c_ssize_t
 _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "ratio_figures_f32": (ctypes.c_int, [_P, _P, _N, ctypes.c_float, ctypes.POINTER(ctypes.c_double)]),
     "ratio_figures_f64": (ctypes.c_int, [_P, _P, _N, ctypes.c_double, ctypes.POINTER(ctypes.c_double)]),
+    "all_equal_f32": (ctypes.c_int, [_P, _P, _N]),
+    "all_equal_f64": (ctypes.c_int, [_P, _P, _N]),
+    "all_equal_h16": (ctypes.c_int, [_P, _P, _N, ctypes.c_uint16]),
+    "all_equal_bytes": (ctypes.c_int, [_P, _P, ctypes.c_size_t]),
     **{f"band_{op}_{w}": (None, [_P, _P, _N, u, u, u])
        for op in ("add", "xor") for w, u in ((16, ctypes.c_uint16), (32, ctypes.c_uint32), (64, ctypes.c_uint64))},
 }
@@ -86,6 +90,22 @@ def edit_band(op: str, itemsize: int, src: int, dst: int, n: int, above: int, be
     width = 8 * itemsize
     getattr(lib, _BAND_NAMES[op, width])(src, dst, n, (1 << (width - 1)) - 1, above, below)
     return True
+
+
+def all_equal(kind: str, a: int, b: int, n: int) -> bool | None:
+    """Whether n elements at addresses a and b are equal as `a == b` reads them (NaN differs from
+    NaN, -0.0 equals 0.0), or None without kernels. kind: "f32", "f64", "f16" or "bf16" (their
+    bit patterns), or "bytes" (n bytes: integers and bools)."""
+    lib = kernels()
+    if lib is None:
+        return None
+    if kind == "f32":
+        return bool(lib.all_equal_f32(a, b, n))
+    if kind == "f64":
+        return bool(lib.all_equal_f64(a, b, n))
+    if kind == "bytes":
+        return bool(lib.all_equal_bytes(a, b, n))
+    return bool(lib.all_equal_h16(a, b, n, 0x7C00 if kind == "f16" else 0x7F80))
 
 
 def why_not() -> str | None:

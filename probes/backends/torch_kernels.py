@@ -21,6 +21,8 @@ from probes.backends.torch_host import plain_cpu
 #: also costs its re-run far more than its figures)
 KERNEL_MAX_ELEMENTS = 1 << 22
 _RATIO_DTYPES = frozenset({torch.float32, torch.float64})
+_EQUAL_KINDS = {torch.float32: "f32", torch.float64: "f64", torch.float16: "f16", torch.bfloat16: "bf16",
+                **{t: "bytes" for t in (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)}}
 _BIT_WIDTHS = {torch.float16: 2, torch.bfloat16: 2, torch.float32: 4, torch.float64: 8}
 
 # torch's C methods: while a probe runs, the Python-level names are its pass-through wrappers
@@ -59,6 +61,22 @@ def band_edited(t: Any, op: str, above: int, below: int) -> Any:
     except RuntimeError:  # no storage (inside a torch.func transform, a new tensor is its wrapper)
         return None
     return out if host_kernels.edit_band(op, itemsize, *where, n, above, below) else None
+
+
+def all_equal(a: Any, b: Any) -> bool | None:
+    """Whether two plain CPU tensors of one dtype, shape and memory layout are equal as `a == b`
+    reads them (torch_equality.host_equal), or None."""
+    kind = _EQUAL_KINDS.get(a.dtype)
+    n = _numel(a)
+    if kind is None or a.dtype is not b.dtype or a.shape != b.shape or not 0 < n <= KERNEL_MAX_ELEMENTS:
+        return None
+    if not (plain_cpu(a) and plain_cpu(b)) or not _same_dense(a, b):
+        return None
+    try:
+        where = _data_ptr(a), _data_ptr(b)
+    except RuntimeError:  # no storage (a transform's tensor that passed for plain): the other paths
+        return None
+    return host_kernels.all_equal(kind, *where, n * a.element_size() if kind == "bytes" else n)
 
 
 def _same_dense(a: Any, b: Any) -> bool:

@@ -9,6 +9,8 @@ from probes.backends.torch_backend import BACKEND
 from probes.backends.torch_equality import host_equal
 
 SIZES = [7, 5000]  # below and above the size where NumPy takes over from torch.equal
+# each test with the host arrays' C kernels and with NumPy / torch.equal alone
+pytestmark = pytest.mark.usefixtures("kernel_path")
 
 
 @pytest.mark.parametrize("n", SIZES)
@@ -53,3 +55,26 @@ def test_what_it_cannot_read_plainly_goes_to_the_device_path():
     seen = []
     torch.func.vmap(lambda x: seen.append(host_equal(x, x + 0)) or x)(torch.randn(2, 3))
     assert seen == [None]  # a transform's batched view
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_every_half_bit_pattern_against_its_neighbour_and_negation_reads_as_a_ne_b(dtype):
+    every = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16)
+    for other in (every, every + 1, every ^ -(1 << 15)):
+        x, y = every.view(dtype), other.view(dtype)
+        expected = (~(x != y)).tolist()
+        got = [host_equal(x[i : i + 1], y[i : i + 1]) for i in range(x.numel())]
+        wrong = [i for i in range(x.numel()) if got[i] is not expected[i]]
+        assert not wrong, [(x[i].item(), y[i].item(), got[i]) for i in wrong[:5]]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_special_values_in_every_lane(dtype):
+    specials = [0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e-45, 1.0]
+    for n in (1, 8, 9, 17, 33):
+        for i in range(n):
+            for x in specials:
+                for y in specials:
+                    a, b = torch.ones(n, dtype=dtype), torch.ones(n, dtype=dtype)
+                    a[i], b[i] = x, y
+                    assert host_equal(a, b) is bool(~(a != b).any()), (n, i, x, y)

@@ -139,15 +139,24 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes, mode: int | None = 
     return Path(target)
 
 
-def write_json_atomic(path: str | os.PathLike, data: Any) -> Path:
+def write_json_atomic(path: str | os.PathLike, data: Any, encoded: dict[str, str] | None = None) -> Path:
     """JSON (non-finite floats as strings) written atomically. A dict is written a top-level
     key per line with each value on one line: json's C encoder does that (an indented dump
     runs its pure-Python encoder, 10x slower, which a per-step summary pays on the training
-    thread); the file stays easy to scan and is still plain JSON."""
+    thread); the file stays easy to scan and is still plain JSON. `encoded`: the JSON text of
+    some of the dict's values, already made (json_value) by a caller that rewrites the same
+    values step after step."""
     if isinstance(data, dict) and data:
-        body = ",\n".join(f"  {json.dumps(str(k))}: {_dumps(v)}" for k, v in data.items())
+        encoded = encoded or {}
+        body = ",\n".join(f"  {json.dumps(str(k))}: {encoded[k] if k in encoded else _dumps(v)}"
+                           for k, v in data.items())
         return write_text_atomic(path, "{\n" + body + "\n}\n")
     return write_text_atomic(path, json.dumps(_json_safe(data), indent=2) + "\n")
+
+
+def json_value(value: Any) -> str:
+    """`value` as write_json_atomic writes it (for its `encoded`)."""
+    return _dumps(value)
 
 
 def _dumps(value: Any) -> str:

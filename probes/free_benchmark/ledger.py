@@ -23,7 +23,7 @@ from probes.core.file_names import FREE_BENCHMARK_CSV, free_benchmark_summary_na
 from probes.core.leaf_verdicts import OutputModified
 from probes.core.records import FREE_BENCHMARK_COLUMNS, FreeBenchmarkRow
 from probes.core.trees import format_path
-from probes.core.writers import CsvAppender, write_json_atomic
+from probes.core.writers import CsvAppender, json_value, write_json_atomic
 from probes.free_benchmark.fp8 import worst_range_use
 
 log = logging.getLogger("probes.free_benchmark")
@@ -95,6 +95,7 @@ class Ledger:
         self.last_score = 0.0  # of the latest finished check (see _score)
         self.dirty = True
         self._summary_rows: list[dict[str, Any]] = []
+        self._summary_rows_json: list[str] = []  # each as summary.json writes it, made once
         self._preheat_rows: list[dict[str, Any]] = []
         self._summary_written = False
 
@@ -204,6 +205,7 @@ class Ledger:
             self.rows.append(row)
         if len(self._summary_rows) < SUMMARY_ROWS:
             self._summary_rows.append(row.to_dict())
+            self._summary_rows_json.append(json_value(self._summary_rows[-1]))
         writer = self.writers.get(row.step)
         if writer is None:
             writer = self.writers[row.step] = CsvAppender(self.csv_path(row.step), FREE_BENCHMARK_COLUMNS)
@@ -223,7 +225,8 @@ class Ledger:
         for writer in self.writers.values():
             writer.flush()
         if self.rank is not None and (self.dirty or not self._summary_written):
-            write_json_atomic(self.summary_path, summary())
+            write_json_atomic(self.summary_path, summary(),
+                              encoded={"flagged": "[" + ", ".join(self._summary_rows_json) + "]"})
             self.dirty = False
             self._summary_written = True
 

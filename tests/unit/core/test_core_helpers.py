@@ -9,7 +9,7 @@ import sys
 from probes.core.hints import close_matches, did_you_mean
 from probes.core.number_format import short_number
 from probes.core.versions import imported_frameworks, versions
-from probes.core.writers import write_bytes_atomic, write_json_atomic
+from probes.core.writers import json_value, write_bytes_atomic, write_json_atomic
 
 
 def test_close_matches_fold_case_first_and_keep_the_users_prefix():
@@ -62,3 +62,11 @@ def test_json_summary_writes_non_finite_floats_and_odd_keys_as_strings(tmp_path)
                                 "nonfinite": {"worst": "inf", "rows": ["nan", "-inf", 1.0]},
                                 "tuple_key": {"(1, 2)": 0.5}}
     assert len(text.splitlines()) == 2 + len(data)  # braces and a line per top-level key
+    # values encoded beforehand (a per-step summary's unchanged rows) give the same bytes
+    rows = [{"max_rel": math.inf, "shape": "torch.Size([2])"}, {"max_rel": 1.5, "detail": {"ratio": math.nan}}]
+    data["rows"] = rows
+    write_json_atomic(target, data)
+    whole = target.read_bytes()
+    write_json_atomic(target, data, encoded={"rows": "[" + ", ".join(json_value(r) for r in rows) + "]"})
+    assert target.read_bytes() == whole
+    assert json.loads(whole)["rows"][0]["max_rel"] == "inf"

@@ -54,7 +54,7 @@ def test_nested_calls_stay_unchecked_under_a_pass_through_guard(tmp_path):
 def test_summary_json_is_not_rewritten_by_steps_that_change_nothing(tmp_path, monkeypatch):
     writes = []
     real = ledger.write_json_atomic
-    monkeypatch.setattr(ledger, "write_json_atomic", lambda path, data: writes.append(data) or real(path, data))
+    monkeypatch.setattr(ledger, "write_json_atomic", lambda path, data, **kw: writes.append(data) or real(path, data, **kw))
     dbg = PrecisionDebugger(config=_cfg(tmp_path, list=["softmax"]))
     x = torch.randn(4, 8)
     dbg.start()

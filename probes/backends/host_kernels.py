@@ -87,8 +87,8 @@ def edit_band(op: str, itemsize: int, src: int, dst: int, n: int, above: int, be
     lib = kernels()
     if lib is None:
         return False
-    width = 8 * itemsize
-    getattr(lib, _BAND_NAMES[op, width])(src, dst, n, (1 << (width - 1)) - 1, above, below)
+    fn, mask = _state["band"][op, itemsize]
+    fn(src, dst, n, mask, above, below)
     return True
 
 
@@ -140,6 +140,8 @@ def _load() -> tuple[Any, str | None]:
     for symbol, (restype, argtypes) in _SIGNATURES.items():
         fn = getattr(lib, symbol)
         fn.restype, fn.argtypes = restype, argtypes
+    # edit_band's function and magnitude mask per (op, itemsize), looked up once
+    _state["band"] = {(op, w // 8): (getattr(lib, name), (1 << (w - 1)) - 1) for (op, w), name in _BAND_NAMES.items()}
     return lib, None
 
 

@@ -96,6 +96,7 @@ class Ledger:
         self.dirty = True
         self._summary_rows: list[dict[str, Any]] = []
         self._summary_rows_json: list[str] = []  # each as summary.json writes it, made once
+        self._last_csv: tuple[Any, Any, Any] = (None, None, None)  # (step, csv_path, its text)
         self._preheat_rows: list[dict[str, Any]] = []
         self._summary_written = False
 
@@ -161,13 +162,13 @@ class Ledger:
         else:
             stats.flagged += 1
         fb = self.fb
-        csv_path = self.csv_path(step)
+        csv_path, csv_text = self._step_csv(step)
         for v in bad:
             row = FreeBenchmarkRow(
                 rank=self.rank or 0, pert_mode=fb.pert_mode, stage=fb.fuzz_stage, step=step,
                 api_name=name, max_rel=v.max_rel, dtype=v.dtype_repr, shape=v.shape_repr,
                 output_index=format_path(v.path), api=key, threshold=v.threshold, figure=v.figure,
-                detail=dict(v.detail) if preheat else dict(v.detail, csv=str(csv_path)),
+                detail=dict(v.detail) if preheat else dict(v.detail, csv=csv_text),
             )
             if preheat:
                 self.preheat_rows_total += 1
@@ -214,6 +215,13 @@ class Ledger:
     # files -------------------------------------------------------------------------------------
     def csv_path(self, step: int) -> Path:
         return self.dump_path / f"step{step}" / f"rank{self.rank or 0}" / FREE_BENCHMARK_CSV
+
+    def _step_csv(self, step: int) -> tuple[Path, str]:
+        """csv_path(step) and its text, made once per step (a step may flag hundreds of calls)."""
+        if self._last_csv[0] != step:
+            path = self.csv_path(step)
+            self._last_csv = (step, path, str(path))
+        return self._last_csv[1], self._last_csv[2]
 
     @property
     def summary_path(self) -> Path:

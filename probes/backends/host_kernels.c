@@ -96,6 +96,45 @@ static inline f64v lt_f64(f64v a, f64v b) { i64v m = a < b; return (f64v)(((i64v
 RATIO(ratio_figures_f32, float, f32v, i32v, f32, INT32_MAX)
 RATIO(ratio_figures_f64, double, f64v, i64v, f64, INT64_MAX)
 
+/* The scaled rule's bound: out = max |a - b| (the difference rounded to T, as NumPy subtracts).
+ * Returns 1 when some difference is NaN. */
+#define MAX_ABS_DIFF(NAME, T, V, IV, SFX, ABS_MASK)                                            \
+    int NAME(const T *a, const T *b, ptrdiff_t n, double *out) {                               \
+        enum { W = sizeof(V) / sizeof(T) };                                                    \
+        V top[U];                                                                              \
+        IV nan[U], abs_mask;                                                                   \
+        for (int j = 0; j < W; j++) abs_mask[j] = ABS_MASK;                                    \
+        for (int k = 0; k < U; k++) {                                                          \
+            top[k] = (V)(abs_mask & 0);                                                        \
+            nan[k] = abs_mask & 0;                                                             \
+        }                                                                                      \
+        ptrdiff_t i = 0;                                                                       \
+        for (; i + U * W <= n; i += U * W)                                                     \
+            for (int k = 0; k < U; k++) {                                                      \
+                V d = load_##SFX(a + i + k * W) - load_##SFX(b + i + k * W);                   \
+                nan[k] |= d != d;                                                              \
+                top[k] = gt_##SFX((V)((IV)d & abs_mask), top[k]);                              \
+            }                                                                                  \
+        T m = 0;                                                                               \
+        int flags = 0;                                                                         \
+        for (int k = 0; k < U; k++)                                                            \
+            for (int j = 0; j < W; j++) {                                                      \
+                m = top[k][j] > m ? top[k][j] : m;                                             \
+                flags |= nan[k][j] != 0;                                                       \
+            }                                                                                  \
+        for (; i < n; i++) {                                                                   \
+            T d = a[i] - b[i];                                                                 \
+            d = d < 0 ? -d : d;                                                                \
+            flags |= d != d;                                                                   \
+            m = d > m ? d : m;                                                                 \
+        }                                                                                      \
+        out[0] = m;                                                                            \
+        return flags;                                                                          \
+    }
+
+MAX_ABS_DIFF(max_abs_diff_f32, float, f32v, i32v, f32, INT32_MAX)
+MAX_ABS_DIFF(max_abs_diff_f64, double, f64v, i64v, f64, INT64_MAX)
+
 /* A perturbation's edit of float bit patterns: out = bits OP 1 where above < (bits & mask) <
  * below (the magnitude code of a finite float in a band), else bits. `bits` is T's signed view.
  * (Plain loops: the compiler vectorises integer code of one width by itself.) */

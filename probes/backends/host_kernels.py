@@ -39,6 +39,8 @@ _P, _N = ctypes.c_void_p, ctypes.c_ssize_t
 _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "ratio_figures_f32": (ctypes.c_int, [_P, _P, _N, ctypes.c_float, ctypes.POINTER(ctypes.c_double)]),
     "ratio_figures_f64": (ctypes.c_int, [_P, _P, _N, ctypes.c_double, ctypes.POINTER(ctypes.c_double)]),
+    "max_abs_diff_f32": (ctypes.c_int, [_P, _P, _N, ctypes.POINTER(ctypes.c_double)]),
+    "max_abs_diff_f64": (ctypes.c_int, [_P, _P, _N, ctypes.POINTER(ctypes.c_double)]),
     "all_equal_f32": (ctypes.c_int, [_P, _P, _N]),
     "all_equal_f64": (ctypes.c_int, [_P, _P, _N]),
     "all_equal_h16": (ctypes.c_int, [_P, _P, _N, ctypes.c_uint16]),
@@ -69,9 +71,7 @@ def ratio_figures(itemsize: int, a: int, b: int, n: int, tol: float) -> list[flo
     lib = kernels()
     if lib is None:
         return None
-    out = getattr(_per_thread, "out", None)
-    if out is None:
-        out = _per_thread.out = _OUT_TYPE()
+    out = _out()
     flags = (lib.ratio_figures_f32 if itemsize == 4 else lib.ratio_figures_f64)(a, b, n, tol, out)
     figures = out[:]
     if flags & 1:
@@ -79,6 +79,24 @@ def ratio_figures(itemsize: int, a: int, b: int, n: int, tol: float) -> list[flo
     if flags & 2:
         figures[2] = math.nan
     return figures
+
+
+def max_abs_diff(itemsize: int, a: int, b: int, n: int) -> float | None:
+    """max |a - b| over n float32 (itemsize 4) or float64 (8) pairs, the difference rounded to
+    their dtype (NaN where a difference is), or None without kernels."""
+    lib = kernels()
+    if lib is None:
+        return None
+    out = _out()
+    flags = (lib.max_abs_diff_f32 if itemsize == 4 else lib.max_abs_diff_f64)(a, b, n, out)
+    return math.nan if flags else out[0]
+
+
+def _out() -> Any:
+    out = getattr(_per_thread, "out", None)
+    if out is None:
+        out = _per_thread.out = _OUT_TYPE()
+    return out
 
 
 def edit_band(op: str, itemsize: int, src: int, dst: int, n: int, above: int, below: int) -> bool:

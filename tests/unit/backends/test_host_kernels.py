@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from probes.backends import host_arrays, host_kernels
-from probes.backends.host_arrays import HOST_ARRAYS, in_memory_order, ratio_figures
+from probes.backends.host_arrays import HOST_ARRAYS, bound_figures, in_memory_order, ratio_figures
 from probes.core import metrics
 
 SPECIAL = [0.0, -0.0, math.inf, -math.inf, math.nan, 1e-45, -1e-45, 1e-300, 3e38, -3e38, 1e-7, 1.0, -2.5]
@@ -68,6 +68,24 @@ def test_ratio_figures_equal_numpys_passes(dtype, n, special_share):
             assert _same(native, plain), (native, plain, tol)
             assert repr(metrics.finish_ratio(native, tol)) == repr(metrics.finish_ratio(plain, tol))
             assert metrics.needs_nonfinite_pass(native) == metrics.needs_nonfinite_pass(plain)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 33, 1000])
+@pytest.mark.parametrize("special_share", [0.0, 0.01, 0.3])
+def test_scaled_bound_equals_numpys_passes(dtype, n, special_share):
+    _need_kernels()
+    for seed in range(3):
+        a, b = _arrays(dtype, n, seed + 7 * n, special_share)
+        for x, y in ((a, b), (a.reshape(-1, 1).T, b.reshape(-1, 1).T), (a, a), (-a, a)):
+            native = bound_figures(x, y)
+            plain = _numpy_path(bound_figures, x, y)
+            assert [repr(v) for v in native] == [repr(v) for v in plain], (native, plain)
+    a, b = _arrays(dtype, 64, 3)
+    for at in range(64):  # a NaN difference in every lane: NaN, as NumPy's max
+        x = a.copy()
+        x[at] = math.nan
+        assert math.isnan(bound_figures(x, b)[0]) and math.isnan(_numpy_path(bound_figures, x, b)[0])
 
 
 def test_a_nan_anywhere_in_any_lane_makes_the_figures_nan():

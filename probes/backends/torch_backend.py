@@ -228,10 +228,10 @@ class TorchBackend(BackendDefaults):
         return found if found is not None else super().scaled_figures(a, b, eps, elementwise, finite)
 
     def host_scaled_bound(self, a: Any, b: Any) -> list[float] | None:
-        """scaled_bound_figures' host numbers for small plain CPU tensors, compared in a's
-        compute dtype (a float64 reference of a float32 output rounded to float32), else None."""
+        """scaled_bound_figures' host numbers for small plain CPU tensors in a's compute dtype (a float64
+        reference of a float32 output rounded; larger one-dtype float32/64 pairs: torch_kernels), else None."""
         views = self._host_pair(a, b, a)
-        return None if views is None else bound_figures(*views)
+        return torch_kernels.scaled_bound(a, b) if views is None else bound_figures(*views)
 
     def host_scaled_figures(self, a: Any, b: Any, eps: float, elementwise: bool = False) -> list[float] | None:
         """scaled_figures' fast pass as host numbers for small plain CPU tensors, else None."""

@@ -1,9 +1,9 @@
 """The host arrays' C kernels (host_kernels.py) on plain CPU tensors' memory, by address.
 
-A checked call's perturbation and its output pair's ratio figures run here first: no NumPy view,
-no detach, no tensor made back from an array (those cost ~10 us a call around a ~10 us kernel),
-and no size limit below torch's own kernels' (one pass over the elements beats torch's several at
-any size a call's output has on one thread). A tensor the kernels cannot walk (another device, a
+A checked call's perturbation, and its output pair's equality, ratio figures or scaled bound, run
+here first: no NumPy view, no detach, no tensor made back from an array (those cost ~10 us a call
+around a ~10 us kernel), and no size limit below torch's own kernels' (one pass over the elements
+beats torch's several at any size a call's output has on one thread). A tensor the kernels cannot walk (another device, a
 subclass, a transform's wrapper, gaps in its memory, the kernels not built) gets None: the caller
 takes the NumPy or torch path, whose results are the same.
 """
@@ -16,11 +16,12 @@ import torch
 
 from probes.backends import host_kernels
 from probes.backends.torch_host import plain_cpu
+from probes.backends.torch_xp import root_mean_square
 
 #: past this many elements torch's multi-threaded kernels may be the faster (an output this large
 #: also costs its re-run far more than its figures)
 KERNEL_MAX_ELEMENTS = 1 << 22
-_RATIO_DTYPES = frozenset({torch.float32, torch.float64})
+_FLOAT_DTYPES = frozenset({torch.float32, torch.float64})
 _EQUAL_KINDS = {torch.float32: "f32", torch.float64: "f64", torch.float16: "f16", torch.bfloat16: "bf16",
                 **{t: "bytes" for t in (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)}}
 _BIT_WIDTHS = {torch.float16: 2, torch.bfloat16: 2, torch.float32: 4, torch.float64: 8}
@@ -28,22 +29,26 @@ _BIT_WIDTHS = {torch.float16: 2, torch.bfloat16: 2, torch.float32: 4, torch.floa
 # torch's C methods: while a probe runs, the Python-level names are its pass-through wrappers
 _T = torch._C.TensorBase
 _data_ptr, _numel, _stride, _is_contiguous = _T.data_ptr, _T.numel, _T.stride, _T.is_contiguous
+_detach, _reshape = _T.detach, _T.reshape
 _empty_like = torch._C._VariableFunctions.empty_like
 
 
 def ratio_figures(a: Any, b: Any, tol: float) -> list[float] | None:
     """[max r, min r, min a*b] (metrics.ratio_reductions) of two plain CPU float32 or float64
     tensors of one dtype, shape and memory layout, or None."""
-    if a.dtype is not b.dtype or a.dtype not in _RATIO_DTYPES or a.shape != b.shape:
+    where = _pair(a, b, _FLOAT_DTYPES)
+    return None if where is None else host_kernels.ratio_figures(a.element_size(), *where, tol)
+
+
+def scaled_bound(a: Any, b: Any) -> list[float] | None:
+    """[max |a - b|, RMS of b] (scaled.bound_figures) of a pair as ratio_figures takes it: the
+    maximum by the kernel (exact: the order does not matter), the RMS by torch's own reduction,
+    the one the device path takes, so a leaf's figures are the device path's."""
+    where = _pair(a, b, _FLOAT_DTYPES)
+    top = None if where is None else host_kernels.max_abs_diff(a.element_size(), *where)
+    if top is None:
         return None
-    n = _numel(a)
-    if not 0 < n <= KERNEL_MAX_ELEMENTS or not (plain_cpu(a) and plain_cpu(b)) or not _same_dense(a, b):
-        return None
-    try:
-        where = _data_ptr(a), _data_ptr(b)
-    except RuntimeError:  # no storage (a transform's tensor that passed for plain): the other paths
-        return None
-    return host_kernels.ratio_figures(a.element_size(), *where, n, tol)
+    return [top, float(root_mean_square(_reshape(_detach(b), (-1,))))]
 
 
 def band_edited(t: Any, op: str, above: int, below: int) -> Any:
@@ -67,16 +72,25 @@ def all_equal(a: Any, b: Any) -> bool | None:
     """Whether two plain CPU tensors of one dtype, shape and memory layout are equal as `a == b`
     reads them (torch_equality.host_equal), or None."""
     kind = _EQUAL_KINDS.get(a.dtype)
-    n = _numel(a)
-    if kind is None or a.dtype is not b.dtype or a.shape != b.shape or not 0 < n <= KERNEL_MAX_ELEMENTS:
+    where = None if kind is None else _pair(a, b, _EQUAL_KINDS)
+    if where is None:
         return None
-    if not (plain_cpu(a) and plain_cpu(b)) or not _same_dense(a, b):
+    first, second, n = where
+    return host_kernels.all_equal(kind, first, second, n * a.element_size() if kind == "bytes" else n)
+
+
+def _pair(a: Any, b: Any, dtypes: Any) -> tuple[int, int, int] | None:
+    """(a's address, b's, their numel) for two plain CPU tensors of one dtype among `dtypes`, one
+    shape and one dense memory layout, holding 1 to KERNEL_MAX_ELEMENTS elements; else None."""
+    if a.dtype is not b.dtype or a.dtype not in dtypes or a.shape != b.shape:
+        return None
+    n = _numel(a)
+    if not 0 < n <= KERNEL_MAX_ELEMENTS or not (plain_cpu(a) and plain_cpu(b)) or not _same_dense(a, b):
         return None
     try:
-        where = _data_ptr(a), _data_ptr(b)
+        return _data_ptr(a), _data_ptr(b), n
     except RuntimeError:  # no storage (a transform's tensor that passed for plain): the other paths
         return None
-    return host_kernels.all_equal(kind, *where, n * a.element_size() if kind == "bytes" else n)
 
 
 def _same_dense(a: Any, b: Any) -> bool:

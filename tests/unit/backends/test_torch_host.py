@@ -156,3 +156,28 @@ def test_the_kernels_work_by_address_only_where_the_memory_holds_the_values():
     assert torch_kernels.ratio_figures(a.t(), (a * 1.001).t(), 1e-4) == _torch_figures(a.t(), (a * 1.001).t(), 1e-4)
     assert torch_kernels.ratio_figures(a.t(), a.t().contiguous(), 1e-4) is None  # two memory orders
     assert torch_kernels.ratio_figures(a.as_subclass(Mine), a, 1e-4) is None
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_larger_scaled_bounds_are_the_device_paths_figures(layout):
+    """Above NumPy's limit the scaled rule's bound comes from the C kernel (max |a - b|) and
+    torch's own RMS: the device path's figures, at once; without the kernels, the device path."""
+    from probes.backends.base import BackendDefaults
+
+    a, b = _pair(torch.float32, 300 * 200, 5)
+    a, b = a.reshape(300, 200), b.reshape(300, 200)
+    if layout == "transposed":
+        a, b = a.t(), b.t()
+    device = BACKEND.host_floats([BackendDefaults.scaled_bound_figures(BACKEND, a, b)])[0]
+    host = BACKEND.host_scaled_bound(a, b)
+    assert (host is not None) is (host_kernels.kernels() is not None)
+    if host is not None:
+        assert host == device
+        same = BACKEND.host_scaled_bound(a, a.clone())  # no difference: +0.0, whatever sign aminmax gives
+        assert repr(same[0]) == "0.0" and same[1] == device_rms(a)
+
+
+def device_rms(b):
+    from probes.backends.base import BackendDefaults
+
+    return BACKEND.host_floats([BackendDefaults.scaled_bound_figures(BACKEND, b, b)])[0][1]

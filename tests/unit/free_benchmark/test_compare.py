@@ -573,10 +573,16 @@ def test_scaled_at_once_leaves_everything_else_to_the_comparison():
     """Large or device-less outputs, containers, subclasses, integer, complex and empty tensors,
     other shapes, a measured input move, and the modes judged otherwise go through the
     comparison."""
-    from probes.backends import torch_host
+    from probes.backends import torch_host, torch_kernels
 
     a = torch.randn(4, 5)
-    big = torch.randn(torch_host.HOST_MAX_ELEMENTS + 1)
+    big = torch.randn(torch_kernels.KERNEL_MAX_ELEMENTS + 1)  # beyond the host's limit, with or without C kernels
+    larger = torch.randn(torch_host.HOST_MAX_ELEMENTS + 1)
+    # above NumPy's limit, a bound that settles the leaf is known at once where the C kernels are;
+    # the fast measure (elementwise, or a bound over the threshold) is the comparison's
+    assert (scaled_at_once(BACKEND, larger, larger.clone(), pert_mode="add_noise") is None) is (
+        torch_kernels.host_kernels.kernels() is None)
+    assert scaled_at_once(BACKEND, larger, larger.clone(), pert_mode="add_noise", elementwise=True) is None
     for original, perturbed in [(big, big.clone()), ((a,), (a.clone(),)), (a.as_subclass(_Sub), a.clone()),
                                 (torch.arange(3), torch.arange(3)), (torch.randn(3, dtype=torch.complex64),) * 2,
                                 (torch.ones(0), torch.ones(0)), (a, a.reshape(5, 4)), (a.to("meta"), a.to("meta")),

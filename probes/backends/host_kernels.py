@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import logging
 import math
 import os
 import shlex
@@ -50,6 +51,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
 }
 _BAND_NAMES = {(op, w): f"band_{short}_{w}" for op, short in (("add", "add"), ("bitwise_xor", "xor")) for w in (16, 32, 64)}
 _state: dict[str, Any] = {}
+log = logging.getLogger("probes.backends")
 # the figures' landing place, one per thread (ctypes releases the GIL during a call)
 _OUT_TYPE = ctypes.c_double * 3
 _per_thread = threading.local()
@@ -62,6 +64,9 @@ def kernels() -> Any:
             _state["lib"], _state["why"] = _load()
         except Exception as exc:  # a probe never fails for want of a faster loop
             _state["lib"], _state["why"] = None, f"the kernels could not be built or loaded: {exc!r}"
+        if _state["why"] is not None:
+            log.info("probes: host kernels not in use (%s); NumPy's passes give the same results, slower",
+                     _state["why"])
     return _state["lib"]
 
 
@@ -150,11 +155,13 @@ def _load() -> tuple[Any, str | None]:
     name = f"host_kernels-{key}.so"
     try:
         target = _build(compiler, _cache_folder(), name)
-    except OSError:  # no writable cache folder (a read-only home): a private folder of this process
+        lib = None if isinstance(target, str) else ctypes.CDLL(str(target))
+    except OSError:  # no writable cache folder (a read-only home), or a cached build this machine
+        # cannot load (a home shared with another system): a private folder of this process
         target = _build(compiler, Path(tempfile.mkdtemp(prefix="msprobe-kernels-")), name)
-    if isinstance(target, str):
+        lib = None if isinstance(target, str) else ctypes.CDLL(str(target))
+    if lib is None:
         return None, target
-    lib = ctypes.CDLL(str(target))
     for symbol, (restype, argtypes) in _SIGNATURES.items():
         fn = getattr(lib, symbol)
         fn.restype, fn.argtypes = restype, argtypes

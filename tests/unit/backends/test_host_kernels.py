@@ -4,6 +4,7 @@ build key, and a machine that cannot build them keeps NumPy's passes with the re
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 
@@ -143,7 +144,7 @@ def test_band_edits_equal_numpys_passes_bit_for_bit(width, op):
     assert HOST_ARRAYS.edited_in_band(op, bits[:0], width, 3, top) is None
 
 
-def test_the_switch_a_missing_compiler_and_a_failing_build_keep_numpys_passes(monkeypatch, tmp_path):
+def test_the_switch_a_missing_compiler_and_a_failing_build_keep_numpys_passes(monkeypatch, tmp_path, caplog):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     a, b = _arrays(np.float32, 100, 1)
     expected = _numpy_path(ratio_figures, a, b, 1e-6)
@@ -154,8 +155,11 @@ def test_the_switch_a_missing_compiler_and_a_failing_build_keep_numpys_passes(mo
             for key, value in env.items():
                 m.setenv(key, value)
             host_kernels.reset()
-            assert host_kernels.kernels() is None
+            with caplog.at_level(logging.INFO, logger="probes.backends"):
+                assert host_kernels.kernels() is None
             assert reason in host_kernels.why_not()
+            assert reason in caplog.text and "same results" in caplog.text  # said once, at INFO
+            caplog.clear()
             assert _same(ratio_figures(a, b, 1e-6), expected)
             assert HOST_ARRAYS.edited_in_band("add", a.view(np.int32), 32, 1, 5) is None
     host_kernels.reset()
@@ -174,6 +178,12 @@ def test_one_build_per_key_shared_through_the_cache(monkeypatch, tmp_path):
     assert host_kernels.kernels() is not None  # loaded again, not rebuilt
     assert built[0].stat().st_mtime_ns == stamp
     assert list((tmp_path / "cache" / "pytest-msprobe").iterdir()) == built  # no temporary left
+    # a cached build this machine cannot load: built again in a private folder of the process
+    garbage = built[0].with_suffix(".tmp")
+    garbage.write_bytes(b"not a library")
+    os.replace(garbage, built[0])  # (never written in place: this process has the library mapped)
+    host_kernels.reset()
+    assert host_kernels.kernels() is not None and host_kernels.why_not() is None
     # a cache folder that cannot be made (a file in its way): a private folder of the process
     (tmp_path / "blocked").write_text("")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "blocked"))

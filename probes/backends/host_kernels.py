@@ -1,23 +1,27 @@
-"""One-pass C kernels for the host arrays' two hottest pieces of work, built on first use.
+"""One-pass C kernels for the probes' hottest element-wise work on host memory, built on first use.
 
-free_benchmark's add_noise and bit_noise edit each checked call's input (a band test and an add
-or xor of its bit patterns) and the ratio rule measures each output pair (max and min of
-max(|a|, tol) / max(|b|, tol), min of a*b). NumPy does each as five to nine passes with a
-temporary per pass (~20 and ~50 us at 32K float32 elements on an AVX2 core); a loop that reads
-the elements once does them in ~10 and ~16 us. On a small transformer's training step those
-passes were a third of what add_noise added.
+free_benchmark edits each checked call's input (add_noise / bit_noise: a band test and an add or
+xor of the bit patterns) and measures each output pair (the ratio rule's max and min of
+max(|a|, tol) / max(|b|, tol) and min of a*b; the scaled rule's max |a - b|; no_change's
+equality). NumPy does each as two to nine passes with a temporary per pass (the band edit ~21 us
+and the ratio figures ~50 us at 32K float32 elements on an AVX2 core); a loop that reads the
+elements once does them in ~10 and ~15 us. On a small transformer's training step those passes
+were a third of what add_noise added.
 
-The kernels (host_kernels.c) are plain C99 compiled with the system's C compiler the first time a
-process needs them, without -march or fast-math, so every result is the IEEE result of NumPy's
-passes on any CPU (tests compare the two bit for bit). The library is kept in the user's cache
-folder under a name made from the source, the flags and the compiler, and written there by an
-atomic rename, so processes and xdist workers share one build. Without a compiler, or when the
-build or the load fails, or with MSPROBE_HOST_KERNELS=0, `kernels()` is None and the callers keep
-NumPy's passes: the same results, slower. `why_not()` says which.
+The kernels (host_kernels.c) are C99 with GCC/Clang vector types, compiled with the system's C
+compiler the first time a process needs them, without -march or fast-math: every operation is
+exact IEEE arithmetic, so every result is the one NumPy's passes give, on any CPU (tests compare
+the two bit for bit). The library is kept in the user's cache folder under a name made from the
+source, the flags, the compiler and the platform, and written there by an atomic rename, so
+processes and xdist workers share one build (a library is never written in place: a process that
+has it loaded keeps its mapping). Without a compiler, or when the build or the load fails, or with
+MSPROBE_HOST_KERNELS=0, `kernels()` is None and the callers keep NumPy's passes: the same
+results, slower. `why_not()` says which (and it is logged once, at INFO).
 """
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import hashlib
 import logging
@@ -158,7 +162,9 @@ def _load() -> tuple[Any, str | None]:
         lib = None if isinstance(target, str) else ctypes.CDLL(str(target))
     except OSError:  # no writable cache folder (a read-only home), or a cached build this machine
         # cannot load (a home shared with another system): a private folder of this process
-        target = _build(compiler, Path(tempfile.mkdtemp(prefix="msprobe-kernels-")), name)
+        private = tempfile.mkdtemp(prefix="msprobe-kernels-")
+        atexit.register(shutil.rmtree, private, True)  # (a loaded library may go: its mapping stays)
+        target = _build(compiler, Path(private), name)
         lib = None if isinstance(target, str) else ctypes.CDLL(str(target))
     if lib is None:
         return None, target

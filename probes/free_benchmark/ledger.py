@@ -9,6 +9,7 @@ calls and the files read the same whichever stage wrote them.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 from collections import Counter
@@ -90,7 +91,11 @@ class Ledger:
         self.rows_total = 0
         self.skipped: Counter[tuple[str, str]] = Counter()
         self.errors: dict[tuple[str, str], dict[str, Any]] = {}
-        self.writers: dict[int, CsvAppender] = {}  # one per step that has rows
+        self.writers: dict[int, CsvAppender] = {}  # one per step with rows not yet written out
+        # every CSV that got rows, sorted, and each path as summary.json writes it: a long run
+        # adds one a step, and neither the writers nor the summary's encoding grow with it
+        self._csv_files: list[str] = []
+        self._csv_files_json: list[str] = []
         self.preheat_rows_total = 0
         self.last_score = 0.0  # of the latest finished check (see _score)
         self.dirty = True
@@ -209,7 +214,12 @@ class Ledger:
             self._summary_rows_json.append(json_value(self._summary_rows[-1]))
         writer = self.writers.get(row.step)
         if writer is None:
-            writer = self.writers[row.step] = CsvAppender(self.csv_path(row.step), FREE_BENCHMARK_COLUMNS)
+            path = self._step_csv(row.step)[1]
+            writer = self.writers[row.step] = CsvAppender(path, FREE_BENCHMARK_COLUMNS)
+            at = bisect.bisect_left(self._csv_files, path)
+            if at == len(self._csv_files) or self._csv_files[at] != path:
+                self._csv_files.insert(at, path)
+                self._csv_files_json.insert(at, json_value(path))
         writer.add(row.csv_values())
 
     # files -------------------------------------------------------------------------------------
@@ -232,9 +242,11 @@ class Ledger:
         something in it changed or it was never written."""
         for writer in self.writers.values():
             writer.flush()
+        self.writers.clear()  # written out: a later row of the same step appends to its file
         if self.rank is not None and (self.dirty or not self._summary_written):
             write_json_atomic(self.summary_path, summary(),
-                              encoded={"flagged": "[" + ", ".join(self._summary_rows_json) + "]"})
+                              encoded={"flagged": "[" + ", ".join(self._summary_rows_json) + "]",
+                                       "csv_files": "[" + ", ".join(self._csv_files_json) + "]"})
             self.dirty = False
             self._summary_written = True
 
@@ -260,7 +272,7 @@ class Ledger:
             "rows_total": self.rows_total,
             "not_checked": by_reason,
             "errors": [dict(e) for e in self.errors.values()],
-            "csv_files": sorted(str(w.path) for w in self.writers.values() if w.written or w.pending),
+            "csv_files": list(self._csv_files),
         }
         if graphs:
             summary["graphs"] = [r.to_dict() for _name, r in sorted(graphs.items())]

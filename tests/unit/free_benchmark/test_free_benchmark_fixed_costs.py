@@ -129,3 +129,31 @@ def test_stop_restores_the_rest_when_the_user_deleted_a_wrapper_meanwhile(tmp_pa
     del torch.Tensor.softmax  # the user's code removes one wrapper while the probe runs
     dbg.stop()
     assert _namespaces() == before
+
+
+def test_a_long_run_keeps_no_writer_per_step_and_lists_every_csv(tmp_path):
+    """Every step that flags a call gets its CSV, and summary.json lists them all, sorted as
+    text; but the writers of written steps are let go, so what a step's flush walks and encodes
+    does not grow with the run. A step flushed twice (two start/stop in one step) appends to
+    its file under one header."""
+    import csv
+    import json
+
+    x = torch.arange(8.0).reshape(1, 8)  # change_value swaps its first and last: flagged each call
+    dbg = PrecisionDebugger(config=_cfg(tmp_path, list=["softmax"], pert_mode="change_value"))
+    led = dbg._tool.probe.ledger
+    for step in range(12):
+        for _ in range(2 if step == 3 else 1):
+            dbg.start()
+            F.softmax(x, dim=-1)
+            dbg.stop()
+            assert led.writers == {}
+        dbg.step()
+    dbg._tool.close()
+    found = sorted(str(p) for p in tmp_path.rglob("free_benchmark.csv"))
+    assert len(found) == 12
+    summary = json.loads(next(tmp_path.rglob("summary.json")).read_text())
+    assert summary["csv_files"] == found  # "step10" before "step2": sorted as text, as before
+    with open(found[found.index(str(tmp_path / "step3" / "rank0" / "free_benchmark.csv"))], newline="") as fh:
+        rows = list(csv.reader(fh))
+    assert rows[0][0] == "rank" and sum(r[0] == "rank" for r in rows) == 1 and len(rows) == 3

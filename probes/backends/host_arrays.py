@@ -84,6 +84,7 @@ class HostArrays(BitViews):
 _BAND_DTYPES = frozenset(np.dtype(f"int{width}") for width in (16, 32, 64))
 HOST_ARRAYS = HostArrays()
 
+
 def in_memory_order(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """C-contiguous views of `a` and `b` (one shape) that walk both in the order of `a`'s memory,
     element i of one paired with element i of the other, when both cover their memory densely

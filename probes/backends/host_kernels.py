@@ -41,6 +41,9 @@ _FLAGS = ("-O3", "-std=gnu99", "-fPIC", "-shared", "-ffp-contract=off")
 #: set to 0 (or off, false, no) to keep NumPy's passes
 SWITCH = "MSPROBE_HOST_KERNELS"
 _P, _N = ctypes.c_void_p, ctypes.c_ssize_t
+_UNSIGNED = {16: ctypes.c_uint16, 32: ctypes.c_uint32, 64: ctypes.c_uint64}
+# edit_band's functions: (op, bit width) -> the C symbol
+_BAND_NAMES = {(op, w): f"band_{short}_{w}" for op, short in (("add", "add"), ("bitwise_xor", "xor")) for w in (16, 32, 64)}
 _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "ratio_figures_f32": (ctypes.c_int, [_P, _P, _N, ctypes.c_float, ctypes.POINTER(ctypes.c_double)]),
     "ratio_figures_f64": (ctypes.c_int, [_P, _P, _N, ctypes.c_double, ctypes.POINTER(ctypes.c_double)]),
@@ -50,10 +53,8 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "all_equal_f64": (ctypes.c_int, [_P, _P, _N]),
     "all_equal_h16": (ctypes.c_int, [_P, _P, _N, ctypes.c_uint16]),
     "all_equal_bytes": (ctypes.c_int, [_P, _P, ctypes.c_size_t]),
-    **{f"band_{op}_{w}": (None, [_P, _P, _N, u, u, u])
-       for op in ("add", "xor") for w, u in ((16, ctypes.c_uint16), (32, ctypes.c_uint32), (64, ctypes.c_uint64))},
+    **{name: (None, [_P, _P, _N, _UNSIGNED[w], _UNSIGNED[w], _UNSIGNED[w]]) for (_op, w), name in _BAND_NAMES.items()},
 }
-_BAND_NAMES = {(op, w): f"band_{short}_{w}" for op, short in (("add", "add"), ("bitwise_xor", "xor")) for w in (16, 32, 64)}
 _state: dict[str, Any] = {}
 log = logging.getLogger("probes.backends")
 # the figures' landing place, one per thread (ctypes releases the GIL during a call)

@@ -69,13 +69,6 @@ def in_band(b: Any, xp: Any, bits: Any, name: str, above: int, below: int) -> An
 _OPERATORS = {"add": operator.add, "bitwise_xor": operator.xor}
 
 
-def edited_tensor(backend: Any, t: Any, above: int, below: int, op: str) -> Any:
-    """A new tensor like `t` with edited_in_band's edit, made by the backend in one pass on t's
-    memory (the torch backend's C kernel by address), or None: take the workspace path."""
-    one_pass = getattr(backend, "band_edited", None)
-    return one_pass(t, op, above, below) if one_pass is not None else None
-
-
 def edited_in_band(b: Any, bits: Any, name: str, above: int, below: int, op: str) -> Any:
     """combined(b, op, in_band(...), bits): `bits` op 1 where `above` < the element's magnitude
     code < `below`, in one pass where the backend has one (the host arrays' C kernel)."""

@@ -39,7 +39,6 @@ from probes.free_benchmark.float_bits import (
     BIT_NAMES,
     compared_gate,
     edited_in_band,
-    edited_tensor,
     finfo_max,
     fp8_codes,
     magnitude_code,
@@ -108,6 +107,18 @@ def _bit_workspace(backend: Any, t: Any) -> tuple[Any, Any, Any]:
     if b.dtype_name(values) in BIT_NAMES:
         return b, values, back
     return b, b.bit_view(values), lambda bits: back(b.from_bit_view(bits, values))
+
+
+def _band_edit(backend: Any, t: Any, name: str, above: int, below: int, op: str) -> Any:
+    """A new tensor like `t` whose bit patterns are t's `op` 1 where above < the magnitude code <
+    below: in one pass on t's memory where the backend can (torch's C kernel, by address), else
+    on t's bit workspace."""
+    one_pass = getattr(backend, "band_edited", None)
+    edited = one_pass(t, op, above, below) if one_pass is not None else None
+    if edited is not None:
+        return edited
+    b, bits, back = _bit_workspace(backend, t)
+    return back(edited_in_band(b, bits, name, above, below, op))
 
 
 def _replace(args: tuple, kwargs: dict, where: str, path: tuple, value: Any) -> tuple[tuple, dict]:
@@ -248,11 +259,7 @@ class AddNoise(Perturbation):
         # and below the largest finite value, which has no finite neighbour further out; inf and
         # NaN stay as they are
         above, below = magnitude_code(name, compared_gate(name, gate)), magnitude_code(name, finfo_max(name))
-        edited = edited_tensor(self.backend, t, above, below, "add")
-        if edited is not None:
-            return edited
-        b, bits, back = _bit_workspace(self.backend, t)
-        return back(edited_in_band(b, bits, name, above, below, "add"))
+        return _band_edit(self.backend, t, name, above, below, "add")
 
 
 class BitNoise(Perturbation):
@@ -277,11 +284,7 @@ class BitNoise(Perturbation):
             return back(b.from_bit_view(xp.where((magnitude >= normal) & (magnitude <= top), flipped, bits), t))
         # the finite elements above the smallest normal one (NaN lies above infinity)
         above, below = magnitude_code(name, th.SMALLEST_NORMAL[name]), magnitude_code(name, math.inf)
-        edited = edited_tensor(self.backend, t, above, below, "bitwise_xor")
-        if edited is not None:
-            return edited
-        b, bits, back = _bit_workspace(self.backend, t)
-        return back(edited_in_band(b, bits, name, above, below, "bitwise_xor"))
+        return _band_edit(self.backend, t, name, above, below, "bitwise_xor")
 
 
 class ChangeValue(Perturbation):

@@ -230,23 +230,13 @@ class TorchBackend(BackendDefaults):
     def host_scaled_bound(self, a: Any, b: Any) -> list[float] | None:
         """scaled_bound_figures' host numbers for small plain CPU tensors in a's compute dtype (a float64
         reference of a float32 output rounded; larger one-dtype float32/64 pairs: torch_kernels), else None."""
-        views = self._host_pair(a, b, a)
+        views = torch_host.host_pair(a, b, a)
         return torch_kernels.scaled_bound(a, b) if views is None else bound_figures(*views)
 
     def host_scaled_figures(self, a: Any, b: Any, eps: float, elementwise: bool = False) -> list[float] | None:
         """scaled_figures' fast pass as host numbers for small plain CPU tensors, else None."""
-        views = self._host_pair(a, b, a)
+        views = torch_host.host_pair(a, b, a)
         return None if views is None else host_scaled_figures(*views, eps, tuple(b.shape), **scaled_options(elementwise))
-
-    def _host_pair(self, a: Any, b: Any, like: Any) -> tuple[Any, Any] | None:
-        """NumPy views of small plain CPU tensors `a` and `b` of one shape, in like's compute
-        dtype (torch_host.compute_view), or None."""
-        if a.numel() <= torch_host.HOST_MAX_ELEMENTS:
-            ha = torch_host.compute_view(a, like)
-            hb = None if ha is None else torch_host.compute_view(b, like)
-            if hb is not None and ha.shape == hb.shape:
-                return ha, hb
-        return None
 
     def ratio_reductions(self, a: Any, b: Any, tol: float) -> Any:
         """metrics.ratio_reductions for an original leaf `a` and a perturbed leaf `b`: host
@@ -263,7 +253,7 @@ class TorchBackend(BackendDefaults):
         found = torch_kernels.ratio_figures(a, b, tol)
         if found is not None:
             return found
-        views = self._host_pair(a, b, b)
+        views = torch_host.host_pair(a, b, b)
         return None if views is None else ratio_figures(*views, tol)
 
     def device_ratio_reductions(self, a: Any, b: Any, tol: float) -> Any:
@@ -333,6 +323,8 @@ class TorchBackend(BackendDefaults):
     host_equal = staticmethod(host_equal)
 
     band_edited = staticmethod(torch_kernels.band_edited)
+    kernel_ratio_figures = staticmethod(torch_kernels.ratio_figures)  # (compare.ratio_at_once tries it first)
+    first_float = staticmethod(torch_host.first_float)  # a flat call's first float input (perturbations.build_usual)
 
     def host_workspace(self, t: Any, moves_only: bool = False) -> tuple[Any, Any, Any] | None:
         """NumPy views for the perturbations of small plain CPU tensors (torch_host.workspace)."""

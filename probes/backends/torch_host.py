@@ -23,6 +23,7 @@ from probes.backends.host_arrays import COMPUTE_DTYPES, HOST_ARRAYS, bfloat16_as
 HOST_MAX_ELEMENTS = 1 << 15
 
 _STRIDED = torch.strided
+_TENSOR, _PARAMETER = torch.Tensor, torch.nn.Parameter
 _IS_WRAPPED = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
 NUMPY_DTYPES = frozenset({torch.float16, torch.float32, torch.float64, torch.bool, torch.int8, torch.uint8,
                            torch.int16, torch.int32, torch.int64})
@@ -36,6 +37,23 @@ def plain_cpu(t: Any) -> bool:
     if not t.is_cpu or t.layout is not _STRIDED or t.is_conj() or t.is_neg():
         return False
     return _IS_WRAPPED is None or not _IS_WRAPPED(t)
+
+
+def first_float(args: tuple, kwargs: dict) -> tuple[str, Any, torch.Tensor] | None:
+    """("args", position, tensor) or ("kwargs", name, tensor): the first floating or complex
+    tensor of a flat call (plain tensors and scalar-like values, no container: torch_flat), as
+    free_benchmark's perturbations search a call's inputs (positional ones first); None when
+    there is none. One loop in place of their general walk, which every checked call took."""
+    for i, x in enumerate(args):
+        kind = type(x)
+        if (kind is _TENSOR or kind is _PARAMETER) and (x.is_floating_point() or x.is_complex()) and not x.is_meta:
+            return "args", i, x
+    if kwargs:
+        for name, x in kwargs.items():
+            kind = type(x)
+            if (kind is _TENSOR or kind is _PARAMETER) and (x.is_floating_point() or x.is_complex()) and not x.is_meta:
+                return "kwargs", name, x
+    return None
 
 
 def host_view(t: Any, limit: int = HOST_MAX_ELEMENTS) -> np.ndarray | None:
@@ -69,6 +87,17 @@ def compute_view(t: Any, like: Any) -> np.ndarray | None:
     if view is None or view.dtype.kind != "f":
         return None
     return view if view.dtype in COMPUTE_DTYPES and view.dtype == dtype else view.astype(dtype)
+
+
+def host_pair(a: Any, b: Any, like: Any) -> tuple[np.ndarray, np.ndarray] | None:
+    """NumPy views of small plain CPU tensors `a` and `b` of one shape, in like's compute dtype
+    (compute_view), or None."""
+    if a.numel() <= HOST_MAX_ELEMENTS:
+        ha = compute_view(a, like)
+        hb = None if ha is None else compute_view(b, like)
+        if hb is not None and ha.shape == hb.shape:
+            return ha, hb
+    return None
 
 
 def workspace(t: Any, moves_only: bool = False) -> tuple[Any, np.ndarray, Any] | None:

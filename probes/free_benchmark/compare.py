@@ -192,21 +192,59 @@ def ratio_at_once(backend: Any, original: Any, perturbed: Any, *, pert_mode: str
     improve_precision), when it is known at once: one plain float output tensor each side, whose
     figures the backend takes on the host (`host_ratio_reductions`: small CPU tensors) and finds
     finite. It is `comparison`'s verdict for those outputs (a test compares the two), made
-    without its generator, passes and queue, about 40 us a call. None: run the comparison."""
+    without its generator, passes and queue. None: run the comparison.
+
+    A pair the backend's one-pass kernel takes (`kernel_ratio_figures`: plain CPU float tensors of
+    one dtype, shape and layout) answers every question below at once, so it is tried first; the
+    facts of a dtype (clamp floor, threshold, its repr) are worked out once (`_ratio_facts`)."""
     host_ratio = getattr(backend, "host_ratio_reductions", None)
     if host_ratio is None or pert_mode in ("no_change", "to_cpu"):
         return None
     if not (backend.is_tensor(original) and backend.is_tensor(perturbed)):
         return None
-    if backend.is_complex(original) or not (backend.is_float(original) and backend.is_float(perturbed)):
+    tol, threshold, low, shown, dtype_repr = _ratio_facts(backend, original, perturbed, pert_mode, tolerance)
+    kernel = getattr(backend, "kernel_ratio_figures", None)
+    figures = None if kernel is None else kernel(original, perturbed, tol)
+    if figures is None:
+        if backend.is_complex(original) or not (backend.is_float(original) and backend.is_float(perturbed)):
+            return None
+        if backend.numel(original) == 0 or backend.shape(original) != backend.shape(perturbed):
+            return None
+        figures = host_ratio(original, perturbed, tol)
+        if figures is None:
+            return None
+    rmax, rmin = figures[0], figures[1]
+    if not (rmin > 0.0 and math.isfinite(rmax) and math.isfinite(rmin)):  # metrics.needs_nonfinite_pass
         return None
-    if backend.numel(original) == 0 or backend.shape(original) != backend.shape(perturbed):
-        return None
-    tol = tolerance if tolerance is not None else th.forward_tolerance(backend.dtype_name(perturbed))
-    figures = host_ratio(original, perturbed, tol)
-    if figures is None or metrics.needs_nonfinite_pass(figures):
-        return None
-    return [_ratio_verdict(backend, (), original, figures, tol, pert_mode)]
+    if len(figures) != 3:
+        return [_ratio_verdict(backend, (), original, figures, tol, pert_mode)]
+    # _ratio_verdict of finite figures (metrics.finish_ratio and RatioVerdict, without their objects)
+    ratio = max(rmax, 1.0 / rmin)
+    flipped = figures[2] < -(tol * tol)
+    consistent = False if flipped else low <= ratio <= threshold
+    return [LeafVerdict((), original, consistent, "symbol_flipping" if flipped else ratio - 1.0, shown,
+                        math.inf if flipped else ratio, dtype_repr, backend.shape_repr(original),
+                        {"ratio": ratio, "symbol_flipping": flipped, "nan_mismatch": False, "inf_mismatch": False,
+                         "tolerance": tol})]
+
+
+def _ratio_facts(backend: Any, original: Any, perturbed: Any, pert_mode: str,
+                 tolerance: float | None) -> tuple[float, float, float, float, str]:
+    """(clamp floor, T, 1 / T, T - 1 as shown, original's dtype repr) of a ratio verdict: the same
+    for every call of a pair of dtypes, so worked out once (ratio_at_once runs on every call)."""
+    key = (backend, backend.dtype_name(original), backend.dtype_name(perturbed), pert_mode, tolerance)
+    facts = _RATIO_FACTS.get(key)
+    if facts is None:
+        _backend, name, perturbed_name, _mode, _tol = key
+        tol = tolerance if tolerance is not None else th.forward_tolerance(perturbed_name)
+        threshold = th.ratio_threshold(name, pert_mode)
+        facts = _RATIO_FACTS[key] = (tol, threshold, 1.0 / threshold, round(threshold - 1.0, 12),
+                                     backend.dtype_repr(original))
+    return facts
+
+
+# (backend, original's dtype name, perturbed's, mode, tolerance) -> _ratio_facts
+_RATIO_FACTS: dict[tuple[Any, str, str, str, float | None], tuple[float, float, float, float, str]] = {}
 
 
 # (dtype name, tolerance, mode, rule, stage) -> an equal float leaf's verdict but for its leaf, dtype and shape

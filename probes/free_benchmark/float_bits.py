@@ -108,3 +108,38 @@ def magnitude_code(name: str, value: float) -> int:
 def compared_gate(name: str, gate: float) -> float:
     """The gate as the comparison sees it: in the tensor's dtype, float32 for the half types."""
     return gate if name == "float64" else struct.unpack("<f", struct.pack("<f", gate))[0]
+
+
+def identity(x: Any) -> Any:
+    return x
+
+
+def workspace(backend: Any, t: Any, moves_only: bool = False) -> tuple[Any, Any, Any]:
+    """(operations, values, back): where a mode computes on `t` (perturbations.py's docstring says why).
+    `moves_only`: the mode only copies and moves elements, so the backend may hand over their
+    bit patterns (a dtype the host arrays lack, such as bfloat16)."""
+    host = getattr(backend, "host_workspace", None)
+    found = host(t, moves_only=moves_only) if host is not None else None
+    return found if found is not None else (backend, t, identity)
+
+
+def bit_workspace(backend: Any, t: Any) -> tuple[Any, Any, Any]:
+    """(operations, bits, back) for a mode that edits a float's bits only: the integer view of
+    `t`'s elements (the host hands a bfloat16 tensor over as such already) and `back`, which turns
+    edited bits into a tensor of `t`'s dtype."""
+    b, values, back = workspace(backend, t, moves_only=True)
+    if b.dtype_name(values) in BIT_NAMES:
+        return b, values, back
+    return b, b.bit_view(values), lambda bits: back(b.from_bit_view(bits, values))
+
+
+def band_edit(backend: Any, t: Any, name: str, above: int, below: int, op: str) -> Any:
+    """A new tensor like `t` whose bit patterns are t's `op` 1 where above < the magnitude code <
+    below: in one pass on t's memory where the backend can (torch's C kernel, by address), else
+    on t's bit workspace."""
+    one_pass = getattr(backend, "band_edited", None)
+    edited = one_pass(t, op, above, below) if one_pass is not None else None
+    if edited is not None:
+        return edited
+    b, bits, back = bit_workspace(backend, t)
+    return back(edited_in_band(b, bits, name, above, below, op))

@@ -36,12 +36,13 @@ from typing import Any
 from probes.core import thresholds as th
 from probes.core.trees import iter_leaves, replace_at, tree_map
 from probes.free_benchmark.float_bits import (
-    BIT_NAMES,
+    band_edit,
     compared_gate,
-    edited_in_band,
     finfo_max,
     fp8_codes,
+    identity,
     magnitude_code,
+    workspace,
 )
 
 PERT_MODES = ("improve_precision", "add_noise", "bit_noise", "change_value", "no_change", "to_cpu")
@@ -86,41 +87,6 @@ def _float_leaves(backend: Any, args: tuple, kwargs: dict) -> Iterator[tuple[str
                 yield where, (key,), x
 
 
-def _identity(x: Any) -> Any:
-    return x
-
-
-def _workspace(backend: Any, t: Any, moves_only: bool = False) -> tuple[Any, Any, Any]:
-    """(operations, values, back): where a mode computes on `t` (see the module docstring).
-    `moves_only`: the mode only copies and moves elements, so the backend may hand over their
-    bit patterns (a dtype the host arrays lack, such as bfloat16)."""
-    host = getattr(backend, "host_workspace", None)
-    found = host(t, moves_only=moves_only) if host is not None else None
-    return found if found is not None else (backend, t, _identity)
-
-
-def _bit_workspace(backend: Any, t: Any) -> tuple[Any, Any, Any]:
-    """(operations, bits, back) for a mode that edits a float's bits only: the integer view of
-    `t`'s elements (the host hands a bfloat16 tensor over as such already) and `back`, which turns
-    edited bits into a tensor of `t`'s dtype."""
-    b, values, back = _workspace(backend, t, moves_only=True)
-    if b.dtype_name(values) in BIT_NAMES:
-        return b, values, back
-    return b, b.bit_view(values), lambda bits: back(b.from_bit_view(bits, values))
-
-
-def _band_edit(backend: Any, t: Any, name: str, above: int, below: int, op: str) -> Any:
-    """A new tensor like `t` whose bit patterns are t's `op` 1 where above < the magnitude code <
-    below: in one pass on t's memory where the backend can (torch's C kernel, by address), else
-    on t's bit workspace."""
-    one_pass = getattr(backend, "band_edited", None)
-    edited = one_pass(t, op, above, below) if one_pass is not None else None
-    if edited is not None:
-        return edited
-    b, bits, back = _bit_workspace(backend, t)
-    return back(edited_in_band(b, bits, name, above, below, op))
-
-
 def _replace(args: tuple, kwargs: dict, where: str, path: tuple, value: Any) -> tuple[tuple, dict]:
     if where == "args":
         return replace_at(args, path, value), kwargs
@@ -139,6 +105,43 @@ class Perturbation:
     def __init__(self, backend: Any, add_noise_style: str = "ulp") -> None:
         self.backend = backend
         self.add_noise_style = add_noise_style
+        self._bands: dict[str, tuple[int, int] | None] = {}  # dtype name -> band(), worked out once
+
+    def band(self, name: str) -> tuple[int, int] | None:
+        """(above, below): the magnitude codes between which the mode edits the bit patterns of
+        a float of dtype `name` by `band_op` (band_edit); None where it computes otherwise."""
+        return None
+
+    band_op = ""
+
+    def _band_of(self, name: str) -> tuple[int, int] | None:
+        found = self._bands.get(name, False)
+        if found is False:
+            found = self._bands[name] = self.band(name)
+        return found  # type: ignore[return-value]
+
+    def build_usual(self, args: tuple, kwargs: dict) -> PerturbedCall | Cancelled:
+        """build() for the usual call (plain tensors and scalar-like values, no container:
+        usual_call.py), as it would find it: the backend's `first_float` hands over the first
+        floating input at once, and a band mode edits it with its dtype's band worked out once.
+        Anything else (no such input, an empty one, a dtype or kind the band does not cover) takes
+        build()."""
+        first = getattr(self.backend, "first_float", None) if self.band_op else None
+        found = None if first is None else first(args, kwargs)
+        if found is None:
+            return self.build(args, kwargs)
+        b, (where, key, leaf) = self.backend, found
+        name = b.dtype_name(leaf)
+        band = self._band_of(name) if name in th.FLOAT_DTYPES else None
+        if band is None or b.numel(leaf) == 0 or b.value_parts(leaf) is not None:
+            return self.build(args, kwargs)
+        new = band_edit(b, leaf, name, band[0], band[1], self.band_op)
+        if where == "args":
+            new_args, new_kwargs = (*args[:key], new, *args[key + 1:]), kwargs
+        else:
+            new_args, new_kwargs = args, dict(kwargs)
+            new_kwargs[key] = new
+        return PerturbedCall(new_args, _no_inplace(new_kwargs), moved=(leaf, new), move=self.move_bound(name))
 
     def accepts(self, t: Any) -> str | None:
         """None when this tensor can be perturbed, else why not."""
@@ -165,7 +168,7 @@ class Perturbation:
             if isinstance(parts, str):
                 reason = parts
                 continue
-            values, rebuild = parts if parts is not None else (leaf, _identity)
+            values, rebuild = parts if parts is not None else (leaf, identity)
             why = self.accepts(values)
             if why is None:
                 new = self.perturb(values)
@@ -247,19 +250,26 @@ class AddNoise(Perturbation):
     def perturb(self, t: Any) -> Any:
         name = self.backend.dtype_name(t)
         if name in th.FLOAT8_DTYPES or self.add_noise_style == "reference":
-            b, t, back = _workspace(self.backend, t)
+            b, t, back = workspace(self.backend, t)
             xp = b.namespace(t)
             if name in th.FLOAT8_DTYPES:
                 bits, magnitude, normal, top = fp8_codes(b, t, name)
                 return back(b.from_bit_view(xp.where((magnitude >= normal) & (magnitude < top), bits + 1, bits), t))
             v = th.NOISE_VALUE[name]
             return back(xp.where(xp.abs(t) > v**0.5, t + v, t))
+        above, below = self._band_of(name)  # type: ignore[misc]
+        return band_edit(self.backend, t, name, above, below, "add")
+
+    band_op = "add"
+
+    def band(self, name: str) -> tuple[int, int] | None:
+        if name in th.FLOAT8_DTYPES or self.add_noise_style == "reference":
+            return None
         gate = th.NOISE_VALUE[name] ** 0.5
         # |x| > gate (compared in float32 for the half types: sqrt(v) rounds up in half precision)
         # and below the largest finite value, which has no finite neighbour further out; inf and
         # NaN stay as they are
-        above, below = magnitude_code(name, compared_gate(name, gate)), magnitude_code(name, finfo_max(name))
-        return _band_edit(self.backend, t, name, above, below, "add")
+        return magnitude_code(name, compared_gate(name, gate)), magnitude_code(name, finfo_max(name))
 
 
 class BitNoise(Perturbation):
@@ -276,15 +286,21 @@ class BitNoise(Perturbation):
     def perturb(self, t: Any) -> Any:
         name = self.backend.dtype_name(t)
         if name in th.FLOAT8_DTYPES:
-            b, t, back = _workspace(self.backend, t)
+            b, t, back = workspace(self.backend, t)
             xp = b.namespace(t)
             bits, magnitude, normal, top = fp8_codes(b, t, name)
             one = xp.ones_like(bits)
             flipped = xp.where(xp.bitwise_xor(magnitude, one) > top, bits - 1, xp.bitwise_xor(bits, one))
             return back(b.from_bit_view(xp.where((magnitude >= normal) & (magnitude <= top), flipped, bits), t))
+        above, below = self._band_of(name)  # type: ignore[misc]
+        return band_edit(self.backend, t, name, above, below, "bitwise_xor")
+
+    band_op = "bitwise_xor"
+
+    def band(self, name: str) -> tuple[int, int] | None:
         # the finite elements above the smallest normal one (NaN lies above infinity)
-        above, below = magnitude_code(name, th.SMALLEST_NORMAL[name]), magnitude_code(name, math.inf)
-        return _band_edit(self.backend, t, name, above, below, "bitwise_xor")
+        return None if name in th.FLOAT8_DTYPES else (magnitude_code(name, th.SMALLEST_NORMAL[name]),
+                                                        magnitude_code(name, math.inf))
 
 
 class ChangeValue(Perturbation):
@@ -308,7 +324,7 @@ class ChangeValue(Perturbation):
         return None
 
     def perturb(self, t: Any) -> Any:
-        b, t, back = _workspace(self.backend, t, moves_only=True)
+        b, t, back = workspace(self.backend, t, moves_only=True)
         x = b.clone(t)
         first, last = ((0,), (-1,)) if len(b.shape(t)) == 1 else ((0, 0), (-1, -1))
         a, z = b.clone(t[first]), b.clone(t[last])
@@ -328,6 +344,13 @@ class NoChange(Perturbation):
 
     def perturb(self, t: Any) -> Any:
         return t
+
+    def build_usual(self, args: tuple, kwargs: dict) -> PerturbedCall | Cancelled:
+        first = getattr(self.backend, "first_float", None)  # (the base's: the first float input at once)
+        found = None if first is None else first(args, kwargs)
+        if found is None or self.backend.numel(found[2]) == 0:
+            return self.build(args, kwargs)
+        return PerturbedCall(args, _no_inplace(kwargs))
 
     def build(self, args: tuple, kwargs: dict) -> PerturbedCall | Cancelled:
         # the call's own arguments, once a float input is not empty (the base's search, without

@@ -27,7 +27,7 @@ from probes.core.errors import NotMeasurable
 from probes.free_benchmark.compare import at_once
 from probes.free_benchmark.ledger import ApiStats
 from probes.free_benchmark.perturbations import Cancelled
-from probes.free_benchmark.replay import replay
+from probes.free_benchmark.selection import FP8_CASTS
 
 Handler = Callable[[Any, Callable[..., Any], tuple, dict], Any]
 
@@ -35,7 +35,8 @@ Handler = Callable[[Any, Callable[..., Any], tuple, dict], Any]
 def usual_handler(path: Any) -> Handler:
     """The call handler to install for the run of `path` (a CallPath): its general `on_call`, or,
     when the run's configuration leaves only the usual check to make, one that takes the usual
-    calls itself and hands it the others."""
+    calls itself and hands it the others. It is made at every start: what stays the same for
+    the run (the ledger, the counters, the selection) is read once here, not on every call."""
     fb = path.fb
     backend = path.backend
     usual = getattr(backend, "usual_call", None)
@@ -44,27 +45,37 @@ def usual_handler(path: Any) -> Handler:
             or not path._at_once):
         return general
     static = path.selection.static
+    suffix = path.selection.suffix
     counters = path.counters
     ledger = path.ledger
+    by_api = ledger.stats
+    skip = ledger.skip
+    rng_snapshot = backend.rng_snapshot
 
     def on_call(meta: Any, original: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        if path._optimizer_steps and path.active:  # counted, as the general path counts them (hundreds a step)
-            calls = path._optimizer_calls
-            calls[meta.key] = calls.get(meta.key, 0) + 1
-            return original(*args, **kwargs)
-        if (not path.active or meta.exclusion is not None or meta.review is not None
-                or meta.mutates_inputs or call_exclusion(meta, args, kwargs) is not None
-                or not usual(args, kwargs) or static(meta.key) is not True):
-            return general(meta, original, args, kwargs)
+        if not path.active:
+            return original(*args, **kwargs)  # (as the general path does first)
         key = meta.key
+        if path._optimizer_steps:  # counted, as the general path counts them (hundreds a step)
+            calls = path._optimizer_calls
+            calls[key] = calls.get(key, 0) + 1
+            return original(*args, **kwargs)
+        why = meta.exclusion
+        if why is not None and key not in FP8_CASTS:  # an excluded API: the general path's skip
+            skip(key, why)
+            return original(*args, **kwargs)
+        if (why is not None or meta.review is not None or meta.mutates_inputs
+                or ((kwargs or meta.inplace_pos is not None) and call_exclusion(meta, args, kwargs) is not None)
+                or not usual(args, kwargs) or static(key) is not True):
+            return general(meta, original, args, kwargs)
         index = counters[key]
         counters[key] = index + 1
-        name = f"{key}.{index}{path.selection.suffix}"
-        stats = ledger.stats.get(key)
+        name = f"{key}.{index}{suffix}"
+        stats = by_api.get(key)
         if stats is None:
-            stats = ledger.stats[key] = ApiStats()
+            stats = by_api[key] = ApiStats()
         stats.calls += 1
-        snapshot = backend.rng_snapshot(args)
+        snapshot = rng_snapshot(args)
         out = original(*args, **kwargs)
         try:
             _check(path, meta, name, stats, original, args, kwargs, out, snapshot)
@@ -78,30 +89,37 @@ def usual_handler(path: Any) -> Handler:
 def _check(path: Any, meta: Any, name: str, stats: ApiStats, original: Callable[..., Any], args: tuple,
            kwargs: dict, out: Any, snapshot: Any) -> None:
     """CallPath._check for the usual call: no DTensor, fix, compiled review or copies of mutated
-    inputs to handle, and no transform to step outside of."""
+    inputs to handle, and no transform to step outside of. The re-run is replay.replay, inline."""
     b, fb, ledger, key = path.backend, path.fb, path.ledger, meta.key
     too_large = b.copies_too_large(args, kwargs, out)
     if too_large is not None:
         ledger.skip(key, too_large)
         return
-    if fb.pert_mode == "improve_precision" and b.fp8_reference(meta.qualname, meta.prefix) is not None:
+    pert_mode = fb.pert_mode
+    if pert_mode == "improve_precision" and b.fp8_reference(meta.qualname, meta.prefix) is not None:
         return path._check(_checked(meta, name, stats, original, args, kwargs, out, snapshot))
-    pert = path.perturbation.build(args, kwargs)
+    pert = path.perturbation.build_usual(args, kwargs)
     if isinstance(pert, Cancelled):
         ledger.skip(key, pert.reason)
         return
-    rerun = path.rerun_of(meta, original, pert.on_cpu)
+    rerun = original if meta.reference is None and not pert.on_cpu else path.rerun_of(meta, original, pert.on_cpu)
     if isinstance(rerun, str):
         ledger.skip(key, rerun)
         return
+    after = b.rng_snapshot(None)  # replay.replay: the call's random numbers, and the stream put back
+    b.rng_restore(snapshot)
     try:
-        pert_out = replay(b, snapshot, rerun, pert.args, pert.kwargs)
+        try:
+            with b.no_grad():
+                pert_out = rerun(*pert.args, **pert.kwargs)
+        finally:
+            b.rng_restore(after)
     except NotMeasurable as exc:
         ledger.skip(key, str(exc))
         return
-    move = path.input_move(pert)
+    move = None if fb.rule != "scaled" else path.input_move(pert)  # (the reference rule measures no move)
     pert = None  # free the perturbed inputs before comparing
-    verdicts = at_once(b, out, pert_out, pert_mode=fb.pert_mode, rule=fb.rule, tolerance=None, stage="forward",
+    verdicts = at_once(b, out, pert_out, pert_mode=pert_mode, rule=fb.rule, tolerance=None, stage="forward",
                        input_move=move, pointwise=meta.pointwise)
     if verdicts is None:  # the full comparison, deferred as the general path defers it
         path._judge(_checked(meta, name, stats, original, args, kwargs, out, snapshot), args, kwargs, pert_out, move)

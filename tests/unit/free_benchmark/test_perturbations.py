@@ -670,3 +670,60 @@ def test_host_path_is_not_taken_where_torch_must_compute():
     x = torch.ones(8, requires_grad=True)
     y = perturbed_by(BACKEND, "bit_noise", "ulp", x)
     assert not y.requires_grad and x.grad is None
+
+
+def _flat_calls() -> list[tuple[tuple, dict]]:
+    """Flat calls (plain tensors and scalar-like values, no container): what the usual path hands
+    build_usual, with every kind of first floating input it must hand over to build()."""
+    x = torch.randn(4, 8)
+    calls = [((x, x.t()), {}), ((x.t(), 2.0), {}), ((3, x), {"alpha": 2}), ((torch.arange(4), x), {}),
+             ((torch.arange(4),), {"other": x, "inplace": False}), ((torch.empty(0), x), {}),
+             ((torch.nn.Parameter(x.clone()),), {}), ((torch.randn(3, dtype=torch.complex64), x), {}),
+             ((x.to_sparse(), x), {}), ((torch.ones(3).to(torch.float8_e4m3fn), x), {}),
+             ((torch.arange(3),), {}), ((), {}), ((x[:, ::2], x), {}), ((torch.randn(5, 3)[1:, :2],), {})]
+    calls += [((x.to(dtype), x), {}) for dtype in DTYPES]
+    calls += [((torch.tensor([0.0, 1e-30, -2.5, math.inf, -math.inf, math.nan, 65504.0], dtype=dtype),), {})
+              for dtype in DTYPES]
+    return calls
+
+
+def _same_value(x, y) -> bool:
+    """The same object, or tensors of one dtype, shape and layout holding the same bytes."""
+    if x is y:
+        return True
+    if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)):
+        return x == y
+    if (x.dtype, x.shape, x.layout) != (y.dtype, y.shape, y.layout):
+        return False
+    if x.layout != torch.strided:
+        return torch.equal(x.to_dense(), y.to_dense())
+    return torch.equal(x.contiguous().view(torch.uint8), y.contiguous().view(torch.uint8))
+
+
+def _same_call(a, b) -> bool:
+    if isinstance(a, Cancelled) or isinstance(b, Cancelled):
+        return a == b
+    return (len(a.args) == len(b.args) and list(a.kwargs) == list(b.kwargs)
+            and all(map(_same_value, (*a.args, *a.kwargs.values()), (*b.args, *b.kwargs.values())))
+            and (a.moved is None) == (b.moved is None)
+            and (a.moved is None or all(map(_same_value, a.moved, b.moved)))
+            and (a.move, a.on_cpu) == (b.move, b.on_cpu))
+
+
+@pytest.mark.parametrize("mode", PERT_MODES)
+@pytest.mark.parametrize("style", ["ulp", "reference"])
+def test_build_usual_builds_what_build_builds(mode, style):
+    """The usual path's shortcut (the backend's first float input, the band of its dtype worked
+    out once) perturbs the same input the same way as the general search, and hands every
+    other case to it."""
+    for args, kwargs in _flat_calls():
+        pert = make_perturbation(mode, BACKEND, style)
+        general = make_perturbation(mode, BACKEND, style).build(args, kwargs)
+        assert _same_call(pert.build_usual(args, kwargs), general), (mode, args, kwargs)
+        assert _same_call(pert.build_usual(args, kwargs), general), (mode, args, kwargs)  # its cache, warm
+    if mode in ("add_noise", "bit_noise", "no_change") and (style == "ulp" or mode != "add_noise"):
+        pert = make_perturbation(mode, BACKEND, style)
+        pert.build = None  # the usual call's plain float input never takes the general search
+        x = torch.randn(4, 8)
+        for args, kwargs in (((x, 2.0), {}), ((3, x.t()), {"alpha": 2}), ((torch.arange(4),), {"other": x})):
+            assert isinstance(pert.build_usual(args, kwargs), PerturbedCall)

@@ -181,3 +181,28 @@ def bfloat16_as_float32(bits: np.ndarray) -> np.ndarray:
     """The float32 values of bfloat16 elements given as their int16 bit patterns (exact: a
     bfloat16 is the upper half of the float32 with the same value)."""
     return (bits.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+#: the partial sums of online_dispatch's one-pass figures (host_kernels.c's DP)
+DISPATCH_PARTIALS = 4
+
+
+def dispatch_parts(dev: np.ndarray, ref: np.ndarray) -> list[float]:
+    """[r.r, r.d, d.d, max d, min d] of a flat float64 pair, d = dev - ref: online_dispatch's
+    figures in the order of host_kernels' one pass, so that a machine without a compiler prints
+    the figures of one with. Each sum is kept in DISPATCH_PARTIALS partial sums, element i added
+    to partial i % 4 in index order (NumPy reduces down a column in order; zeros pad the last row
+    and leave a partial as it was), and combined as (p0 + p1) + (p2 + p3). The max and min are
+    NaN where some d is."""
+    with np.errstate(all="ignore"):  # overflow and NaN are figures, not warnings in the user's output
+        d = dev - ref
+        top, low = float(d.max()), float(d.min())
+        pad = -d.shape[0] % DISPATCH_PARTIALS
+        if pad:
+            d, ref = np.concatenate((d, np.zeros(pad))), np.concatenate((ref, np.zeros(pad)))
+        r, d = ref.reshape(-1, DISPATCH_PARTIALS), d.reshape(-1, DISPATCH_PARTIALS)
+        sums = []
+        for products in (r * r, r * d, d * d):
+            p = np.add.reduce(products, axis=0).tolist()
+            sums.append((p[0] + p[1]) + (p[2] + p[3]))
+    return [*sums, top, low]

@@ -18,6 +18,7 @@ typedef float f32v __attribute__((vector_size(16)));
 typedef int32_t i32v __attribute__((vector_size(16)));
 typedef double f64v __attribute__((vector_size(16)));
 typedef int64_t i64v __attribute__((vector_size(16)));
+typedef float f32x2 __attribute__((vector_size(8)));
 
 enum { U = 4 };
 
@@ -187,3 +188,68 @@ int all_equal_h16(const uint16_t *restrict a, const uint16_t *restrict b, ptrdif
 
 /* Integer and bool arrays: equal bytes. */
 int all_equal_bytes(const void *a, const void *b, size_t nbytes) { return memcmp(a, b, nbytes) == 0; }
+
+/* online_dispatch's figures of a device leaf and its float64 reference, in one pass and without a
+ * float64 copy of the difference: out = [r.r, r.d, d.d, max d, min d] with d = (double)dev - ref.
+ * The sums are kept in 4 partial sums, element i added to partial i % 4 in index order, combined
+ * as (p0 + p1) + (p2 + p3): a fixed order (host_arrays.dispatch_parts gives it without a compiler).
+ * Returns 1 when some d is NaN (the max and min are then NaN, as torch's). */
+static inline f64v wide_f32(const float *p) { f32x2 v; memcpy(&v, p, sizeof v); return __builtin_convertvector(v, f64v); }
+static inline f64v wide_f64(const double *p) { return load_f64(p); }
+static inline double bf16_value(uint16_t h) { uint32_t b = (uint32_t)h << 16; float x; memcpy(&x, &b, sizeof x); return x; }
+static inline f64v wide_bf16(const uint16_t *p) { return (f64v){bf16_value(p[0]), bf16_value(p[1])}; }
+static inline double one_f32(const float *p) { return *p; }
+static inline double one_f64(const double *p) { return *p; }
+static inline double one_bf16(const uint16_t *p) { return bf16_value(*p); }
+
+enum { DU = 2, DP = 2 * DU };
+#define DISPATCH_PARTS(NAME, T, SFX)                                                           \
+    int NAME(const T *dev, const double *ref, ptrdiff_t n, double *out) {                      \
+        f64v rr[DU], rd[DU], dd[DU], top[DU], low[DU];                                         \
+        i64v nan[DU];                                                                          \
+        for (int k = 0; k < DU; k++) {                                                         \
+            rr[k] = rd[k] = dd[k] = (f64v){0.0, 0.0};                                          \
+            top[k] = (f64v){-INFINITY, -INFINITY};                                             \
+            low[k] = (f64v){INFINITY, INFINITY};                                               \
+            nan[k] = (i64v){0, 0};                                                             \
+        }                                                                                      \
+        ptrdiff_t i = 0;                                                                       \
+        for (; i + DP <= n; i += DP)                                                           \
+            for (int k = 0; k < DU; k++) {                                                     \
+                f64v r = load_f64(ref + i + 2 * k), d = wide_##SFX(dev + i + 2 * k) - r;       \
+                nan[k] |= d != d;                                                              \
+                rr[k] += r * r;                                                                \
+                rd[k] += r * d;                                                                \
+                dd[k] += d * d;                                                                \
+                top[k] = gt_f64(d, top[k]);                                                    \
+                low[k] = lt_f64(d, low[k]);                                                    \
+            }                                                                                  \
+        double sums[3][DP], t = -INFINITY, l = INFINITY;                                       \
+        int flags = 0;                                                                         \
+        for (int k = 0; k < DU; k++)                                                           \
+            for (int j = 0; j < 2; j++) {                                                      \
+                sums[0][2 * k + j] = rr[k][j];                                                 \
+                sums[1][2 * k + j] = rd[k][j];                                                 \
+                sums[2][2 * k + j] = dd[k][j];                                                 \
+                t = top[k][j] > t ? top[k][j] : t;                                             \
+                l = low[k][j] < l ? low[k][j] : l;                                             \
+                flags |= nan[k][j] != 0;                                                       \
+            }                                                                                  \
+        for (int j = 0; i < n; i++, j++) {                                                     \
+            double r = ref[i], d = one_##SFX(dev + i) - r;                                     \
+            flags |= d != d;                                                                   \
+            sums[0][j] += r * r;                                                               \
+            sums[1][j] += r * d;                                                               \
+            sums[2][j] += d * d;                                                               \
+            t = d > t ? d : t;                                                                 \
+            l = d < l ? d : l;                                                                 \
+        }                                                                                      \
+        for (int f = 0; f < 3; f++) out[f] = (sums[f][0] + sums[f][1]) + (sums[f][2] + sums[f][3]); \
+        out[3] = t;                                                                            \
+        out[4] = l;                                                                            \
+        return flags;                                                                          \
+    }
+
+DISPATCH_PARTS(dispatch_parts_f32, float, f32)
+DISPATCH_PARTS(dispatch_parts_f64, double, f64)
+DISPATCH_PARTS(dispatch_parts_bf16, uint16_t, bf16)

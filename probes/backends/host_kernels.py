@@ -6,7 +6,10 @@ max(|a|, tol) / max(|b|, tol) and min of a*b; the scaled rule's max |a - b|; no_
 equality). NumPy does each as two to nine passes with a temporary per pass (the band edit ~21 us
 and the ratio figures ~50 us at 32K float32 elements on an AVX2 core); a loop that reads the
 elements once does them in ~10 and ~15 us. On a small transformer's training step those passes
-were a third of what add_noise added.
+were a third of what add_noise added. online_dispatch measures each compared output against its
+float64 reference: the difference's extrema and three sums, in one pass instead of six, without
+a float64 copy of the difference (the sums in a fixed order of four partial sums, which
+host_arrays.dispatch_parts gives without a compiler).
 
 The kernels (host_kernels.c) are C99 with GCC/Clang vector types, compiled with the system's C
 compiler the first time a process needs them, without -march or fast-math: every operation is
@@ -53,12 +56,14 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "all_equal_f64": (ctypes.c_int, [_P, _P, _N]),
     "all_equal_h16": (ctypes.c_int, [_P, _P, _N, ctypes.c_uint16]),
     "all_equal_bytes": (ctypes.c_int, [_P, _P, ctypes.c_size_t]),
+    **{f"dispatch_parts_{kind}": (ctypes.c_int, [_P, _P, _N, ctypes.POINTER(ctypes.c_double)])
+       for kind in ("f32", "f64", "bf16")},
     **{name: (None, [_P, _P, _N, _UNSIGNED[w], _UNSIGNED[w], _UNSIGNED[w]]) for (_op, w), name in _BAND_NAMES.items()},
 }
 _state: dict[str, Any] = {}
 log = logging.getLogger("probes.backends")
 # the figures' landing place, one per thread (ctypes releases the GIL during a call)
-_OUT_TYPE = ctypes.c_double * 3
+_OUT_TYPE = ctypes.c_double * 5
 _per_thread = threading.local()
 
 
@@ -83,7 +88,7 @@ def ratio_figures(itemsize: int, a: int, b: int, n: int, tol: float) -> list[flo
         return None
     out = _out()
     flags = (lib.ratio_figures_f32 if itemsize == 4 else lib.ratio_figures_f64)(a, b, n, tol, out)
-    figures = out[:]
+    figures = out[:3]
     if flags & 1:
         figures[0] = figures[1] = math.nan
     if flags & 2:
@@ -100,6 +105,21 @@ def max_abs_diff(itemsize: int, a: int, b: int, n: int) -> float | None:
     out = _out()
     flags = (lib.max_abs_diff_f32 if itemsize == 4 else lib.max_abs_diff_f64)(a, b, n, out)
     return math.nan if flags else out[0]
+
+
+def dispatch_parts(kind: str, dev: int, ref: int, n: int) -> list[float] | None:
+    """[r.r, r.d, d.d, max d, min d] of n device elements at `dev` ("f32", "f64" or "bf16") and
+    their float64 references at `ref`, d = dev - ref in float64, the sums in the order
+    host_arrays.dispatch_parts gives (NaN max and min where some d is NaN), or None without kernels."""
+    lib = kernels()
+    if lib is None:
+        return None
+    out = _out()
+    flags = _state["parts"][kind](dev, ref, n, out)
+    parts = out[:]
+    if flags:
+        parts[3] = parts[4] = math.nan
+    return parts
 
 
 def _out() -> Any:
@@ -173,6 +193,7 @@ def _load() -> tuple[Any, str | None]:
         fn = getattr(lib, symbol)
         fn.restype, fn.argtypes = restype, argtypes
     # edit_band's function and magnitude mask per (op, itemsize), looked up once
+    _state["parts"] = {kind: getattr(lib, f"dispatch_parts_{kind}") for kind in ("f32", "f64", "bf16")}
     _state["band"] = {(op, w // 8): (getattr(lib, name), (1 << (w - 1)) - 1) for (op, w), name in _BAND_NAMES.items()}
     return lib, None
 

@@ -131,6 +131,13 @@ def figures_from_parts(parts: list[float], numel: int) -> list[float]:
     device maximum does)."""
     if numel > CHUNK_ELEMENTS:
         return list(parts)
+    return figures_of_sums(parts, numel)
+
+
+def figures_of_sums(parts: list[float], numel: int) -> list[float]:
+    """The FIGURE_COUNT figures of a leaf from its [r.r, r.d, d.d, max d, min d] (d = dev - ref in
+    float64), whatever order the sums were taken in; a non-finite one sends the leaf to the masked
+    pass."""
     rr, rd, dd, top, low = parts
     neg = -low
     if math.isnan(neg) or (neg > top and not math.isnan(top)):

@@ -1,17 +1,20 @@
-"""The documented rule's figures of one op's output pairs, in as few torch calls as the formulas allow.
+"""The documented rule's figures of one op's output pairs, in as few passes and calls as the
+formulas allow.
 
 This runs for every output of every compared op, so on a model of small tensors the cost of a
-call (a few microseconds in Python) weighs as much as its arithmetic. A leaf of at most
-`CHUNK_ELEMENTS` pays five calls: the float64 difference (one pass, the device leaf widened
-exactly on the way), three dot products and one pass for its largest and smallest element; the
-five results are read with `item()` (the pairs are on the CPU: stacking them for one transfer
-cost more than it saved) and finished as probes.core.dispatch_figures.figures_from_parts
-finishes them. Larger leaves are measured chunk by chunk by the core (`leaf_figure_parts`),
-where the arithmetic outweighs the calls.
+call (a few microseconds in Python) weighs as much as its arithmetic. A float32, float64 or
+bfloat16 leaf on the CPU, contiguous, with its float64 reference, is read once by a C kernel
+(host_kernels' dispatch parts: the difference, its extrema and three sums, without writing a
+float64 difference, which cost more than reading either side), its sums kept in a fixed order
+(four partial sums) that NumPy reproduces where no compiler is found. Other leaves pay five torch
+calls (the float64 difference, three dot products, one pass for the largest and smallest
+element), or are measured chunk by chunk by the core (`leaf_figure_parts`) past `CHUNK_ELEMENTS`.
+The five results are finished as probes.core.dispatch_figures.figures_from_parts finishes them.
 
-The values equal the core's (`leaf_figures`: the same float64 roundings in the same order), except
-that a MaxAbsErr of zero is always +0.0: the largest and smallest element come from one
-reduction here, which may pick the other zero of a difference holding both +0.0 and -0.0.
+The one-pass figures differ from the core's formulas (`leaf_figures`) only in the last digits of
+the three sums (another summation order than the BLAS dot's); the torch calls' figures equal
+them. A MaxAbsErr of zero is always +0.0: the largest and smallest element may be either zero of
+a difference holding both +0.0 and -0.0.
 
 Batching the pairs of many ops into one set of calls (segment reductions over a step) was
 measured and is slower: the pairs of a step do not fit in the cache, and a reduction over them
@@ -21,9 +24,12 @@ elements: 0.86 ms per leaf batched, 0.04 ms per op).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+from probes.backends import host_arrays, host_kernels
 from probes.backends.torch_backend import BACKEND
+from probes.backends.torch_host import plain_cpu
 from probes.core import dispatch_figures as df
 
 _F64 = torch.float64
@@ -31,6 +37,35 @@ _F64 = torch.float64
 _PROMOTING = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 # from this many elements on, the difference is taken as a cast then a same-dtype subtraction
 _WIDEN_APART = 4096
+# the leaves the one pass reads, by the kernel's name for their dtype; past ONE_PASS_MAX elements
+# torch's chunked, multi-threaded passes may be the faster
+_ONE_PASS = {torch.float32: "f32", torch.float64: "f64", torch.bfloat16: "bf16"}
+ONE_PASS_MAX = 1 << 22
+_T = torch._C.TensorBase
+_data_ptr, _is_contiguous, _detach = _T.data_ptr, _T.is_contiguous, _T.detach
+
+
+def one_pass_parts(dev: torch.Tensor, ref: torch.Tensor) -> list[float] | None:
+    """host_arrays.dispatch_parts of a flat pair in one pass by address (NumPy's passes in the
+    same order without the kernels), or None for a pair it does not read: another dtype or
+    device, a subclass, gaps in memory, past ONE_PASS_MAX elements."""
+    kind = _ONE_PASS.get(dev.dtype)
+    if kind is None or ref.dtype is not _F64 or not 0 < dev.shape[0] <= ONE_PASS_MAX \
+            or not (_is_contiguous(dev) and _is_contiguous(ref) and plain_cpu(dev) and plain_cpu(ref)):
+        return None
+    try:
+        parts = host_kernels.dispatch_parts(kind, _data_ptr(dev), _data_ptr(ref), dev.shape[0])
+    except RuntimeError:  # no storage (a transform's tensor that passed for plain)
+        return None
+    if parts is None:
+        if kind == "bf16":
+            wide = host_arrays.bfloat16_as_float32(_detach(dev).view(torch.int16).numpy())
+        else:
+            wide = _detach(dev).numpy()
+        parts = host_arrays.dispatch_parts(wide.astype(np.float64), _detach(ref).numpy())
+    parts[3] += 0.0  # either zero may be the extremum: +0.0 on both paths
+    parts[4] += 0.0
+    return parts
 
 
 def _parts(dev: torch.Tensor, ref: torch.Tensor) -> list[torch.Tensor]:
@@ -57,7 +92,11 @@ def leaf_figures(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[list[fl
         if r.dim() != 1:
             r = r.reshape(-1)
         numel = d.shape[0]
-        if numel <= df.CHUNK_ELEMENTS:
+        parts = one_pass_parts(d, r)
+        if parts is not None:
+            figs = df.figures_of_sums(parts, numel)
+            figs[df.MAX_ABS] += 0.0
+        elif numel <= df.CHUNK_ELEMENTS:
             figs = df.figures_from_parts([p.item() for p in _parts(d, r)], numel)
             figs[df.MAX_ABS] += 0.0  # -0.0 -> +0.0 (module docstring)
         else:

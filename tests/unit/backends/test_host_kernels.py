@@ -196,3 +196,51 @@ def test_ratio_figures_keep_their_documented_shape_with_either_path(kernel_path)
     figures = ratio_figures(np.array([1e-9, 2.0], np.float32), np.array([2e-9, -4.0], np.float32), 1e-6)
     assert figures == [1.0, 0.5, pytest.approx(-8.0)]
     assert host_arrays.COMPUTE_DTYPES  # (the module's other users unchanged)
+
+
+def _parts_in_order(dev: np.ndarray, ref: np.ndarray) -> list[float]:
+    """online_dispatch's one-pass parts element by element in the documented order: element i
+    into partial sum i % 4, the partials combined as (p0 + p1) + (p2 + p3)."""
+    sums = [[0.0] * 4 for _ in range(3)]
+    top, low, nan = -math.inf, math.inf, False
+    for i, (x, r) in enumerate(zip(dev.tolist(), ref.tolist())):
+        d = x - r
+        for s, v in zip(sums, (r * r, r * d, d * d)):
+            s[i % 4] += v
+        nan |= d != d
+        top, low = (top, low) if d != d else (max(top, d), min(low, d))
+    return [(s[0] + s[1]) + (s[2] + s[3]) for s in sums] + ([math.nan] * 2 if nan else [top, low])
+
+
+def _kernel_parts(kind: str, dev: np.ndarray, ref: np.ndarray) -> list[float]:
+    return host_kernels.dispatch_parts(kind, dev.ctypes.data, ref.ctypes.data, ref.size)
+
+
+@pytest.mark.parametrize("kind", ["f32", "f64", "bf16"])
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 7, 8, 9, 33, 1001])
+@pytest.mark.parametrize("special_share", [0.0, 0.01, 0.3])
+def test_dispatch_parts_keep_one_documented_order_with_either_path(kind, n, special_share):
+    """The kernel's sums, NumPy's (a machine without a compiler) and an element-by-element loop
+    in the documented order agree bit for bit, NaN and inf included; the extrema are exact."""
+    _need_kernels()
+    for seed in range(3):
+        a, b = _arrays(np.float64, n, seed + 11 * n, special_share)
+        if kind == "bf16":
+            dev = (a.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+            wide = host_arrays.bfloat16_as_float32(dev.view(np.int16)).astype(np.float64)
+        else:
+            dev = a.astype(np.float32 if kind == "f32" else np.float64)
+            wide = dev.astype(np.float64)
+        want = _parts_in_order(wide, b)
+        assert _same(_kernel_parts(kind, dev, b), want)
+        assert _same(host_arrays.dispatch_parts(wide, b), want)
+
+
+def test_dispatch_parts_see_a_nan_in_every_lane_and_the_tail():
+    _need_kernels()
+    b = np.linspace(-3.0, 5.0, 11)
+    for at in range(11):
+        a = b.astype(np.float32) + np.float32(0.5)
+        a[at] = math.nan
+        got = _kernel_parts("f32", a, b)
+        assert math.isnan(got[3]) and math.isnan(got[4]) and math.isnan(got[1]) and math.isfinite(got[0])

@@ -14,6 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from dispatch_files import read_rows, summary
 
+from probes.backends import host_arrays
 from probes.core import dispatch_figures as df
 from probes.online_dispatch import figure_parts, leaf_pairs, mode, results, thread_choice, verdict
 from probes.pytorch.online_dispatch import PtdbgDispatch
@@ -29,13 +30,32 @@ def _core_figures(pairs):
     return out
 
 
+def _op_by_op_figures(pairs):
+    """Each pair's figures as the fast path means to take them, leaf by leaf: the core's formulas,
+    with the sums in the one pass's documented order (NumPy's, host_arrays.dispatch_parts) for the
+    leaves the one pass reads."""
+    out = []
+    for d, r in pairs:
+        d, r = d.reshape(-1), r.reshape(-1)
+        if d.dtype in (torch.float32, torch.float64, torch.bfloat16) and r.dtype == torch.float64:
+            parts = host_arrays.dispatch_parts(d.double().numpy(), r.numpy())
+            figs = df.figures_of_sums([*parts[:3], parts[3] + 0.0, parts[4] + 0.0], d.numel())
+            figs[df.MAX_ABS] += 0.0
+            out.append(figs)
+        else:
+            out.extend(_core_figures([(d, r)]))
+    return out
+
+
 def _same(a: list[float], b: list[float]) -> bool:
     return all(x == y or (math.isnan(x) and math.isnan(y)) for x, y in zip(a, b, strict=True))
 
 
 @pytest.mark.parametrize("numel", [1, 300, 4095, 4096, 40_000, df.CHUNK_ELEMENTS + 5])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.int64, torch.bool])
-def test_fast_figures_equal_the_core_formulas_and_leave_the_device_tensor_alone(numel, dtype):
+def test_fast_figures_equal_the_core_formulas_and_leave_the_device_tensor_alone(numel, dtype, kernel_path):
+    """Bit for bit the op-by-op figures (the one pass's order for the leaves it reads, with the
+    kernels and without), and the core's formulas up to the sums' last digits."""
     g = torch.Generator().manual_seed(numel)
     if dtype == torch.bool:
         dev = torch.rand(numel, generator=g) < 0.5
@@ -50,7 +70,9 @@ def test_fast_figures_equal_the_core_formulas_and_leave_the_device_tensor_alone(
     before = dev.clone()
     fast = figure_parts.leaf_figures([(dev, ref)])
     assert torch.equal(dev, before)
-    assert _same(fast[0], _core_figures([(dev, ref)])[0])
+    assert _same(fast[0], _op_by_op_figures([(dev, ref)])[0])
+    core = _core_figures([(dev, ref)])[0]
+    assert all(math.isclose(x, y, rel_tol=1e-12) for x, y in zip(fast[0], core, strict=True)), (fast[0], core)
 
 
 def test_an_input_row_is_the_cells_of_a_row_compared_with_itself():
@@ -157,7 +179,7 @@ def test_small_model_rows_equal_the_op_by_op_figures_and_the_defect_is_caught(tm
     csvs = {}
     for way in ("fast", "op_by_op"):  # one call site: the failing row's stack is the same
         if way == "op_by_op":
-            monkeypatch.setattr(verdict.figure_parts, "leaf_figures", _core_figures)
+            monkeypatch.setattr(verdict.figure_parts, "leaf_figures", _op_by_op_figures)
             monkeypatch.setattr(verdict, "may_overflow", lambda dev, ref, ref_sq: True)
         csvs[way] = _run(tmp_path / way, dtype)
     (run, fast), (_, op_by_op) = csvs["fast"], csvs["op_by_op"]

@@ -21,6 +21,7 @@ from probes.backends.base import BackendDefaults, bit_view_table, scaled_options
 from probes.backends.host_arrays import bound_figures, ratio_figures
 from probes.backends.host_arrays import scaled_figures as host_scaled_figures
 from probes.backends.torch_equality import host_equal
+from probes.backends.torch_rerun import GradOff, replayed
 from probes.core import metrics
 from probes.core.precision_raise import raised_dtype
 
@@ -56,25 +57,6 @@ for _name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnu
         _LOW_PRECISION.add(getattr(torch, _name))
 
 
-class GradOff:
-    """torch.no_grad as a plain context: grad mode off, and back as it was on exit. torch's is
-    several Python layers (a decorator class, its __new__ and __init__), a few microseconds that
-    every probed re-run (free_benchmark's checked calls, online_dispatch's compared ops) paid."""
-
-    __slots__ = ("_prev",)
-
-    def __enter__(self) -> None:
-        self._prev = _grad_enabled()
-        if self._prev:
-            _set_grad_enabled(False)
-
-    def __exit__(self, *exc: object) -> None:
-        if self._prev:
-            _set_grad_enabled(True)
-
-
-_grad_enabled = torch.is_grad_enabled
-_set_grad_enabled = torch._C._set_grad_enabled
 # torch.get_rng_state() / set_rng_state() are these two calls behind a Python function each
 _CPU_GENERATOR = torch.default_generator
 _max = torch._C.TensorBase.max
@@ -156,16 +138,14 @@ class TorchBackend(BackendDefaults):
     def measured_leaves(self, t: Any) -> list[tuple[tuple[str, ...], Any]]:
         return torch_leaves.measured(t)
 
-    def value_parts(self, t: Any) -> Any:
-        return torch_leaves.value_parts(t)
+    value_parts = staticmethod(torch_leaves.value_parts)  # (on every checked call: no method frame around it)
 
     def in_transform(self) -> bool:
         return torch_leaves.in_transform()
 
     usual_call = staticmethod(torch_leaves.usual_call)  # free_benchmark's usual path (usual_call.py)
 
-    def copies_too_large(self, args: tuple, kwargs: dict, out: Any) -> str | None:
-        return torch_memory.copies_too_large(args, kwargs, out)
+    copies_too_large = staticmethod(torch_memory.copies_too_large)
 
     def backward_reason(self, args: tuple, kwargs: dict) -> str | None:
         return torch_leaves.backward_reason(args, kwargs)
@@ -323,7 +303,9 @@ class TorchBackend(BackendDefaults):
     host_equal = staticmethod(host_equal)
 
     band_edited = staticmethod(torch_kernels.band_edited)
-    kernel_ratio_figures = staticmethod(torch_kernels.ratio_figures)  # (compare.ratio_at_once tries it first)
+    # the one-pass kernels on plain CPU pairs (compare.ratio_at_once and equal_at_once ask them first)
+    kernel_ratio_figures = staticmethod(torch_kernels.ratio_figures)
+    kernel_equal = staticmethod(torch_kernels.all_equal)
     first_float = staticmethod(torch_host.first_float)  # a flat call's first float input (perturbations.build_usual)
 
     def host_workspace(self, t: Any, moves_only: bool = False) -> tuple[Any, Any, Any] | None:
@@ -347,6 +329,8 @@ class TorchBackend(BackendDefaults):
 
     def no_grad(self) -> Any:
         return GradOff()
+
+    replayed = staticmethod(replayed)  # replay.replay in one frame (torch_rerun)
 
     def rng_snapshot(self, args: Any) -> Any:
         """Generator states before the original call, so the re-run draws the same numbers and

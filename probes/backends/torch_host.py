@@ -39,6 +39,18 @@ def plain_cpu(t: Any) -> bool:
     return _IS_WRAPPED is None or not _IS_WRAPPED(t)
 
 
+def plain_cpu_pair(a: Any, b: Any) -> bool:
+    """plain_cpu(a) and plain_cpu(b), in one frame: every checked call's output pair asks."""
+    kind, other = type(a), type(b)
+    if (kind is not _TENSOR and kind is not _PARAMETER) or (other is not _TENSOR and other is not _PARAMETER):
+        return False
+    if not (a.is_cpu and b.is_cpu) or a.layout is not _STRIDED or b.layout is not _STRIDED:
+        return False
+    if a.is_conj() or a.is_neg() or b.is_conj() or b.is_neg():
+        return False
+    return _IS_WRAPPED is None or not (_IS_WRAPPED(a) or _IS_WRAPPED(b))
+
+
 def first_float(args: tuple, kwargs: dict) -> tuple[str, Any, torch.Tensor] | None:
     """("args", position, tensor) or ("kwargs", name, tensor): the first floating or complex
     tensor of a flat call (plain tensors and scalar-like values, no container: torch_flat), as

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from probes.backends import host_kernels
-from probes.backends.torch_host import plain_cpu
+from probes.backends.torch_host import plain_cpu, plain_cpu_pair
 from probes.backends.torch_xp import root_mean_square
 
 #: past this many elements torch's multi-threaded kernels may be the faster (an output this large
@@ -56,7 +56,7 @@ def band_edited(t: Any, op: str, above: int, below: int) -> Any:
     "bitwise_xor") 1 where above < the magnitude code < below; None where the kernels cannot."""
     itemsize = _BIT_WIDTHS.get(t.dtype)
     n = _numel(t)
-    if itemsize is None or not 0 < n <= KERNEL_MAX_ELEMENTS or not plain_cpu(t) or not _dense(t):
+    if itemsize is None or not 0 < n <= KERNEL_MAX_ELEMENTS or not plain_cpu(t) or not (_is_contiguous(t) or _dense(t)):
         return None
     out = _empty_like(t)  # the same strides for a dense tensor, and no autograd history
     if _stride(out) != _stride(t):
@@ -82,23 +82,18 @@ def all_equal(a: Any, b: Any) -> bool | None:
 def _pair(a: Any, b: Any, dtypes: Any) -> tuple[int, int, int] | None:
     """(a's address, b's, their numel) for two plain CPU tensors of one dtype among `dtypes`, one
     shape and one dense memory layout, holding 1 to KERNEL_MAX_ELEMENTS elements; else None."""
-    if a.dtype is not b.dtype or a.dtype not in dtypes or a.shape != b.shape:
+    dtype = a.dtype
+    if b.dtype is not dtype or dtype not in dtypes or a.shape != b.shape:
         return None
     n = _numel(a)
-    if not 0 < n <= KERNEL_MAX_ELEMENTS or not (plain_cpu(a) and plain_cpu(b)) or not _same_dense(a, b):
+    if not 0 < n <= KERNEL_MAX_ELEMENTS or not plain_cpu_pair(a, b):
         return None
+    if not (_is_contiguous(a) and _is_contiguous(b)) and not (_stride(a) == _stride(b) and _dense(a)):
+        return None  # both must cover their memory densely in one order: the kernels walk them by address
     try:
         return _data_ptr(a), _data_ptr(b), n
     except RuntimeError:  # no storage (a transform's tensor that passed for plain): the other paths
         return None
-
-
-def _same_dense(a: Any, b: Any) -> bool:
-    """Both cover their memory densely in one order, element i of one beside element i of the
-    other: the kernels may walk them by address."""
-    if _is_contiguous(a) and _is_contiguous(b):
-        return True
-    return _stride(a) == _stride(b) and _dense(a)
 
 
 def _dense(t: Any) -> bool:

@@ -269,9 +269,7 @@ class CallPath:
             verdicts = at_once(b, out, pert_out, pert_mode=self.fb.pert_mode, rule=self.fb.rule, tolerance=tolerance,
                                stage=stage, input_move=move, pointwise=getattr(meta, "pointwise", False))
             if verdicts is not None and not b.fp8_inputs(args, kwargs):
-                step, key, ledger = self.current_step, meta.key, self.ledger
-                self.verdicts.add_finished(verdicts, lambda v: ledger.record(key, name, stats, v, step),
-                                           lambda exc: ledger.check_failed(key, name, exc))
+                self.verdicts.add_recorded(self.ledger, meta.key, name, stats, verdicts, self.current_step)
                 return
         try:
             check = comparison(b, out, pert_out, pert_mode=self.fb.pert_mode, rule=self.fb.rule, input_move=move,

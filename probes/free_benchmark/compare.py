@@ -159,30 +159,38 @@ def equal_at_once(backend: Any, original: Any, perturbed: Any, *, pert_mode: str
     """The verdicts for the usual no_change call, when they are known at once: one plain output
     tensor each side, which the backend finds equal on the host (`host_equal`). They are
     `comparison`'s verdicts for those outputs (under either rule), made without its passes and
-    queue (a test compares the two). None: run the comparison."""
+    queue (a test compares the two). None: run the comparison.
+
+    A pair the backend's one-pass kernel takes (`kernel_equal`: plain CPU tensors of one real
+    dtype and shape, not empty) answers the questions below at once, so it is asked first."""
     host_equal = getattr(backend, "host_equal", None)
     if host_equal is None or not (backend.is_tensor(original) and backend.is_tensor(perturbed)):
         return None
-    if backend.is_complex(original) or host_equal(original, perturbed) is not True:
-        return None  # (complex leaves are compared as their real and imaginary parts)
-    if backend.numel(original) == 0:
-        return []
+    kernel = getattr(backend, "kernel_equal", None)
+    same = None if kernel is None else kernel(original, perturbed)
+    if same is None:
+        if backend.is_complex(original) or host_equal(original, perturbed) is not True:
+            return None  # (complex leaves are compared as their real and imaginary parts)
+        if backend.numel(original) == 0:
+            return []
+    elif not same:
+        return None
     if not (backend.is_float(original) and backend.is_float(perturbed)):
         return [exact_verdict((), original, 0.0, backend.dtype_repr(original), backend.shape_repr(original),
                               pert_mode)]
-    name = backend.dtype_name(original)
-    tol = tolerance if tolerance is not None else th.forward_tolerance(backend.dtype_name(perturbed))
-    key = (name, tol, pert_mode, rule, stage)
+    key = (backend, backend.dtype_name(original), backend.dtype_name(perturbed), tolerance, pert_mode, rule, stage)
     parts = _EQUAL_PARTS.get(key)
     if parts is None:  # the same for every equal leaf of a dtype: worked out once
+        _backend, name, perturbed_name = key[:3]
+        tol = tolerance if tolerance is not None else th.forward_tolerance(perturbed_name)
         if rule == "scaled":
             v = scaled_verdict(backend, (), original, list(EQUAL_SCALED),
                                th.scaled_threshold(name, pert_mode, 0.0, stage))
         else:
             v = _ratio_verdict(backend, (), original, list(EQUAL_FIGURES), tol, pert_mode)
-        parts = _EQUAL_PARTS[key] = (v.consistent, v.max_rel, v.threshold, v.figure, v.detail)
-    consistent, max_rel, threshold, figure, detail = parts
-    return [LeafVerdict((), original, consistent, max_rel, threshold, figure, backend.dtype_repr(original),
+        parts = _EQUAL_PARTS[key] = (v.consistent, v.max_rel, v.threshold, v.figure, v.dtype_repr, v.detail)
+    consistent, max_rel, threshold, figure, dtype_repr, detail = parts
+    return [LeafVerdict((), original, consistent, max_rel, threshold, figure, dtype_repr,
                         backend.shape_repr(original), dict(detail))]
 
 
@@ -247,8 +255,9 @@ def _ratio_facts(backend: Any, original: Any, perturbed: Any, pert_mode: str,
 _RATIO_FACTS: dict[tuple[Any, str, str, str, float | None], tuple[float, float, float, float, str]] = {}
 
 
-# (dtype name, tolerance, mode, rule, stage) -> an equal float leaf's verdict but for its leaf, dtype and shape
-_EQUAL_PARTS: dict[tuple[str, float, str, str, str], tuple[Any, ...]] = {}
+# (backend, original's dtype name, perturbed's, tolerance, mode, rule, stage) -> an equal float
+# leaf's verdict but for its leaf and shape
+_EQUAL_PARTS: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 
 
 def _scalar_verdict(path: tuple, a: float, b: float, pert_mode: str, tolerance: float | None) -> LeafVerdict:

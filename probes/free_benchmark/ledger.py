@@ -150,16 +150,24 @@ class Ledger:
         thresholds raise no alarm): summary.json counts them and lists the first ones."""
         stats.checked += 1
         self.dirty = True
-        self.last_score = max(map(_score, verdicts), default=0.0)
-        if verdicts and not preheat and (stats.worst_score is None or self.last_score > stats.worst_score):
-            stats.worst_score = self.last_score
-        bad = []
-        for v in verdicts:
+        if len(verdicts) == 1:  # the usual call, one output leaf: the loop below without its loops
+            v = verdicts[0]
+            self.last_score = _score(v)
             stats.dtypes.add(v.dtype_repr)
-            if not v.consistent:
-                bad.append(v)
             if v.detail.get("rule") == "fp8_range":
                 stats.fp8 = worst_range_use(stats.fp8, v.detail)
+            bad = [] if v.consistent else [v]
+        else:
+            self.last_score = max(map(_score, verdicts), default=0.0)
+            bad = []
+            for v in verdicts:
+                stats.dtypes.add(v.dtype_repr)
+                if not v.consistent:
+                    bad.append(v)
+                if v.detail.get("rule") == "fp8_range":
+                    stats.fp8 = worst_range_use(stats.fp8, v.detail)
+        if verdicts and not preheat and (stats.worst_score is None or self.last_score > stats.worst_score):
+            stats.worst_score = self.last_score
         if not bad:
             return
         if preheat:

@@ -27,6 +27,7 @@ from probes.core.errors import NotMeasurable
 from probes.free_benchmark.compare import at_once
 from probes.free_benchmark.ledger import ApiStats
 from probes.free_benchmark.perturbations import Cancelled
+from probes.free_benchmark.replay import replay
 from probes.free_benchmark.selection import FP8_CASTS
 
 Handler = Callable[[Any, Callable[..., Any], tuple, dict], Any]
@@ -89,7 +90,7 @@ def usual_handler(path: Any) -> Handler:
 def _check(path: Any, meta: Any, name: str, stats: ApiStats, original: Callable[..., Any], args: tuple,
            kwargs: dict, out: Any, snapshot: Any) -> None:
     """CallPath._check for the usual call: no DTensor, fix, compiled review or copies of mutated
-    inputs to handle, and no transform to step outside of. The re-run is replay.replay, inline."""
+    inputs to handle, and no transform to step outside of."""
     b, fb, ledger, key = path.backend, path.fb, path.ledger, meta.key
     too_large = b.copies_too_large(args, kwargs, out)
     if too_large is not None:
@@ -106,14 +107,8 @@ def _check(path: Any, meta: Any, name: str, stats: ApiStats, original: Callable[
     if isinstance(rerun, str):
         ledger.skip(key, rerun)
         return
-    after = b.rng_snapshot(None)  # replay.replay: the call's random numbers, and the stream put back
-    b.rng_restore(snapshot)
     try:
-        try:
-            with b.no_grad():
-                pert_out = rerun(*pert.args, **pert.kwargs)
-        finally:
-            b.rng_restore(after)
+        pert_out = replay(b, snapshot, rerun, pert.args, pert.kwargs)
     except NotMeasurable as exc:
         ledger.skip(key, str(exc))
         return
@@ -124,9 +119,7 @@ def _check(path: Any, meta: Any, name: str, stats: ApiStats, original: Callable[
     if verdicts is None:  # the full comparison, deferred as the general path defers it
         path._judge(_checked(meta, name, stats, original, args, kwargs, out, snapshot), args, kwargs, pert_out, move)
         return
-    step = path.current_step
-    path.verdicts.add_finished(verdicts, lambda v: ledger.record(key, name, stats, v, step),
-                               lambda exc: ledger.check_failed(key, name, exc))
+    path.verdicts.add_recorded(ledger, key, name, stats, verdicts, path.current_step)
 
 
 def _checked(meta: Any, name: str, stats: ApiStats, original: Callable[..., Any], args: tuple, kwargs: dict,

@@ -194,10 +194,28 @@ int all_equal_bytes(const void *a, const void *b, size_t nbytes) { return memcmp
  * The sums are kept in 4 partial sums, element i added to partial i % 4 in index order, combined
  * as (p0 + p1) + (p2 + p3): a fixed order (host_arrays.dispatch_parts gives it without a compiler).
  * Returns 1 when some d is NaN (the max and min are then NaN, as torch's). */
+/* float32 pairs widened to float64 (exact): CVTPS2PD on x86, which compilers do not find alone */
+#if defined(__SSE2__)
+static inline f64v low_pair(f32v x) { return (f64v)_mm_cvtps_pd((__m128)x); }
+static inline f64v high_pair(f32v x) { return (f64v)_mm_cvtps_pd(_mm_movehl_ps((__m128)x, (__m128)x)); }
+static inline f64v wide_f32(const float *p) { return (f64v)_mm_cvtps_pd(_mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)p))); }
+#else
+static inline f64v low_pair(f32v x) { return (f64v){x[0], x[1]}; }
+static inline f64v high_pair(f32v x) { return (f64v){x[2], x[3]}; }
 static inline f64v wide_f32(const float *p) { f32x2 v; memcpy(&v, p, sizeof v); return __builtin_convertvector(v, f64v); }
+#endif
 static inline f64v wide_f64(const double *p) { return load_f64(p); }
 static inline double bf16_value(uint16_t h) { uint32_t b = (uint32_t)h << 16; float x; memcpy(&x, &b, sizeof x); return x; }
+#if defined(__SSE2__)
+static inline f64v wide_bf16(const uint16_t *p) { /* each bfloat16 into the upper half of a float32 */
+    int32_t two;
+    memcpy(&two, p, sizeof two);
+    __m128i x = _mm_unpacklo_epi16(_mm_setzero_si128(), _mm_cvtsi32_si128(two));
+    return (f64v)_mm_cvtps_pd(_mm_castsi128_ps(x));
+}
+#else
 static inline f64v wide_bf16(const uint16_t *p) { return (f64v){bf16_value(p[0]), bf16_value(p[1])}; }
+#endif
 static inline double one_f32(const float *p) { return *p; }
 static inline double one_f64(const double *p) { return *p; }
 static inline double one_bf16(const uint16_t *p) { return bf16_value(*p); }
@@ -253,3 +271,109 @@ enum { DU = 2, DP = 2 * DU };
 DISPATCH_PARTS(dispatch_parts_f32, float, f32)
 DISPATCH_PARTS(dispatch_parts_f64, double, f64)
 DISPATCH_PARTS(dispatch_parts_bf16, uint16_t, bf16)
+
+/* grad_probe's figures of a gradient and its direction file in one pass: out = [max, min, sum of
+ * squares] (each square in float64, kept in 8 partial sums, element i added to partial i % 8 in
+ * index order, combined as ((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7));
+ * host_figures.one_pass_figures gives that order without a compiler), and signs[i] = g[i] > 0.
+ * Returns 1 when some element is NaN (the max and min are then NaN). */
+enum { GU = 4, GP = 2 * GU };
+
+static inline double grad_sum(const double *p) { return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7])); }
+
+/* the elements from i on, one by one, into the partials and extrema a vector loop left */
+#define GRAD_TAIL(T, SFX)                                                                      \
+    for (int j = 0; i < n; i++, j++) {                                                         \
+        double x = one_##SFX(g + i);                                                           \
+        flags |= x != x;                                                                       \
+        sums[j] += x * x;                                                                      \
+        t = x > t ? x : t;                                                                     \
+        l = x < l ? x : l;                                                                     \
+        signs[i] = x > 0;                                                                      \
+    }                                                                                          \
+    out[0] = t;                                                                                \
+    out[1] = l;                                                                                \
+    out[2] = grad_sum(sums);                                                                   \
+    return flags;
+
+int grad_figures_f64(const double *g, ptrdiff_t n, uint8_t *signs, double *out) {
+    f64v sq[GU], top[GU], low[GU];
+    i64v nan[GU];
+    for (int k = 0; k < GU; k++) {
+        sq[k] = (f64v){0.0, 0.0};
+        top[k] = (f64v){-INFINITY, -INFINITY};
+        low[k] = (f64v){INFINITY, INFINITY};
+        nan[k] = (i64v){0, 0};
+    }
+    ptrdiff_t i = 0;
+    for (; i + GP <= n; i += GP)
+        for (int k = 0; k < GU; k++) {
+            f64v x = load_f64(g + i + 2 * k);
+            nan[k] |= x != x;
+            sq[k] += x * x;
+            top[k] = gt_f64(x, top[k]);
+            low[k] = lt_f64(x, low[k]);
+            signs[i + 2 * k] = x[0] > 0;
+            signs[i + 2 * k + 1] = x[1] > 0;
+        }
+    double sums[GP], t = -INFINITY, l = INFINITY;
+    int flags = 0;
+    for (int k = 0; k < GU; k++)
+        for (int j = 0; j < 2; j++) {
+            sums[2 * k + j] = sq[k][j];
+            t = top[k][j] > t ? top[k][j] : t;
+            l = low[k][j] < l ? low[k][j] : l;
+            flags |= nan[k][j] != 0;
+        }
+    GRAD_TAIL(double, f64)
+}
+
+/* float32: the extrema, NaN test and signs on 4-lane float32 vectors, two per step of 8 elements;
+ * the squares widened to float64 pairs, pair k of the step into accumulator k (partials 2k, 2k+1) */
+int grad_figures_f32(const float *g, ptrdiff_t n, uint8_t *signs, double *out) {
+    f64v sq[GU];
+    f32v top[2], low[2];
+    i32v nan[2];
+    for (int k = 0; k < GU; k++) sq[k] = (f64v){0.0, 0.0};
+    for (int k = 0; k < 2; k++) {
+        top[k] = (f32v){-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+        low[k] = -top[k];
+        nan[k] = (i32v){0, 0, 0, 0};
+    }
+    const f32v zero = {0, 0, 0, 0};
+    ptrdiff_t i = 0;
+    for (; i + GP <= n; i += GP) {
+        f32v x[2] = {load_f32(g + i), load_f32(g + i + 4)};
+        i32v pos[2];
+        for (int k = 0; k < 2; k++) {
+            nan[k] |= x[k] != x[k];
+            top[k] = gt_f32(x[k], top[k]);
+            low[k] = lt_f32(x[k], low[k]);
+            pos[k] = x[k] > zero;
+            f64v a = low_pair(x[k]), b = high_pair(x[k]);
+            sq[2 * k] += a * a;
+            sq[2 * k + 1] += b * b;
+        }
+#if defined(__SSE2__)
+        __m128i m = _mm_packs_epi32((__m128i)pos[0], (__m128i)pos[1]);
+        m = _mm_and_si128(_mm_packs_epi16(m, m), _mm_set1_epi8(1));
+        _mm_storel_epi64((__m128i *)(signs + i), m);
+#else
+        for (int j = 0; j < 4; j++) {
+            signs[i + j] = pos[0][j] != 0;
+            signs[i + 4 + j] = pos[1][j] != 0;
+        }
+#endif
+    }
+    double sums[GP], t = -INFINITY, l = INFINITY;
+    int flags = 0;
+    for (int k = 0; k < GU; k++)
+        for (int j = 0; j < 2; j++) sums[2 * k + j] = sq[k][j];
+    for (int k = 0; k < 2; k++)
+        for (int j = 0; j < 4; j++) {
+            t = top[k][j] > t ? top[k][j] : t;
+            l = low[k][j] < l ? low[k][j] : l;
+            flags |= nan[k][j] != 0;
+        }
+    GRAD_TAIL(float, f32)
+}

@@ -9,7 +9,9 @@ elements once does them in ~10 and ~15 us. On a small transformer's training ste
 were a third of what add_noise added. online_dispatch measures each compared output against its
 float64 reference: the difference's extrema and three sums, in one pass instead of six, without
 a float64 copy of the difference (the sums in a fixed order of four partial sums, which
-host_arrays.dispatch_parts gives without a compiler).
+host_arrays.dispatch_parts gives without a compiler). grad_probe takes each CPU gradient's max,
+min and sum of squares and writes its signs in one pass (the same order of sums;
+host_figures.one_pass_figures without a compiler).
 
 The kernels (host_kernels.c) are C99 with GCC/Clang vector types, compiled with the system's C
 compiler the first time a process needs them, without -march or fast-math: every operation is
@@ -58,6 +60,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "all_equal_bytes": (ctypes.c_int, [_P, _P, ctypes.c_size_t]),
     **{f"dispatch_parts_{kind}": (ctypes.c_int, [_P, _P, _N, ctypes.POINTER(ctypes.c_double)])
        for kind in ("f32", "f64", "bf16")},
+    **{f"grad_figures_{kind}": (ctypes.c_int, [_P, _N, _P, ctypes.POINTER(ctypes.c_double)]) for kind in ("f32", "f64")},
     **{name: (None, [_P, _P, _N, _UNSIGNED[w], _UNSIGNED[w], _UNSIGNED[w]]) for (_op, w), name in _BAND_NAMES.items()},
 }
 _state: dict[str, Any] = {}
@@ -120,6 +123,22 @@ def dispatch_parts(kind: str, dev: int, ref: int, n: int) -> list[float] | None:
     if flags:
         parts[3] = parts[4] = math.nan
     return parts
+
+
+def grad_figures(itemsize: int, g: int, n: int, signs: int) -> list[float] | None:
+    """[max, min, sum of squares] of n float32 (itemsize 4) or float64 (8) gradient elements at `g`
+    (the squares in float64, summed in the order host_figures.one_pass_figures gives; NaN max and
+    min where an element is NaN), their signs g > 0 written as n bytes at `signs`; None without
+    kernels."""
+    lib = kernels()
+    if lib is None:
+        return None
+    out = _out()
+    flags = (lib.grad_figures_f32 if itemsize == 4 else lib.grad_figures_f64)(g, n, signs, out)
+    figures = out[:3]
+    if flags:
+        figures[0] = figures[1] = math.nan
+    return figures
 
 
 def _out() -> Any:

@@ -13,13 +13,15 @@ digit. This module imports no deep-learning framework.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
 
+from probes.backends import host_kernels
 from probes.grad_probe.stats import Bound
 
-__all__ = ["HOST_FIGURES_ELEMENTS", "Squares", "histogram", "host_figures"]
+__all__ = ["HOST_FIGURES_ELEMENTS", "SQUARE_PARTIALS", "Squares", "histogram", "host_figures", "one_pass_figures"]
 
 #: the most elements the squares buffer holds (16 MiB): a larger step's gradients take the device
 #: path, whose temporaries are freed after the step
@@ -80,3 +82,42 @@ def histogram(v: np.ndarray, bounds: Sequence[Bound]) -> list[float]:
     n = v.size
     edges = [0, *(int(np.count_nonzero(np.less_equal(v, np.float64(b)))) for b in bounds), n]
     return [(hi - lo) / n for lo, hi in zip(edges, edges[1:])] + [int(np.count_nonzero(v == 0)) / n]
+
+
+#: the partial sums of one_pass_figures' sum of squares (host_kernels.c's GP)
+SQUARE_PARTIALS = 8
+_ONE_PASS_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def one_pass_figures(views: Sequence[np.ndarray]) -> tuple[list[list[float]], np.ndarray]:
+    """The L1 rows ([max, min, norm]) of flat, non-empty float32 / float64 views and their signs
+    ``v > 0`` as one new bool array, each view read once by host_kernels' grad figures: where the
+    gradients are large, a pass per figure (torch's extrema and norm, NumPy's signs) costs more
+    than their calls. The norm's squares (float64) are summed in SQUARE_PARTIALS partial sums,
+    element i into partial i % 8 in index order, combined as ((p0 + p1) + (p2 + p3)) + ((p4 + p5)
+    + (p6 + p7)): NumPy gives the same order without a compiler (a column reduction of the squares
+    laid out eight to a row, which NumPy sums row by row), so both print the same figures."""
+    signs = np.empty(sum(v.size for v in views), dtype=bool)
+    rows = []
+    pos = 0
+    for v in views:
+        n = v.size
+        figures = None
+        if v.dtype in _ONE_PASS_DTYPES and v.flags.c_contiguous:
+            figures = host_kernels.grad_figures(v.itemsize, v.ctypes.data, n, signs.ctypes.data + pos)
+        if figures is None:
+            figures = _figures_in_order(v, signs[pos : pos + n])
+        rows.append([figures[0], figures[1], math.sqrt(figures[2])])
+        pos += n
+    return rows, signs
+
+
+def _figures_in_order(v: np.ndarray, signs: np.ndarray) -> list[float]:
+    with np.errstate(all="ignore"):  # NaN and infinities are figures like any other
+        np.greater(v, 0, out=signs)
+        squares = np.square(v, dtype=np.float64)
+        pad = -squares.size % SQUARE_PARTIALS
+        if pad:
+            squares = np.concatenate((squares, np.zeros(pad)))
+        p = np.add.reduce(squares.reshape(-1, SQUARE_PARTIALS), axis=0).tolist()
+        return [float(v.max()), float(v.min()), ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]))]

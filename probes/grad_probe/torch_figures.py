@@ -19,7 +19,7 @@ import torch
 from probes.backends import torch_shards, torch_xp
 from probes.backends.torch_backend import widest_float
 from probes.grad_probe import stats
-from probes.grad_probe.host_figures import HOST_FIGURES_ELEMENTS, Squares, host_figures
+from probes.grad_probe.host_figures import HOST_FIGURES_ELEMENTS, Squares, host_figures, one_pass_figures
 from probes.grad_probe.monitor_common import MonitorBase
 from probes.grad_probe.step_files import StepFigure
 from probes.grad_probe.torch_signs import host_view, signs
@@ -145,7 +145,12 @@ class TorchStepFigures:
         for batch in done:
             try:
                 parts = host_parts(batch)
-                blocks += [self._block(batch, batched=True)] if parts is None else [self._host_block(p) for p in parts]
+                if parts is not None:
+                    blocks += [self._host_block(p) for p in parts]
+                elif self.level == "L1" and not self.monitor.fp8_formats and all(host_view(g, _ONE_PASS) for _n, g in batch):
+                    blocks.append(self._host_block(batch, one_pass=True))
+                else:
+                    blocks.append(self._block(batch, batched=True))
             except Exception:
                 single += batch
         for name, g in single:
@@ -157,11 +162,12 @@ class TorchStepFigures:
                 self.monitor.record_error(step, name, exc)
         return blocks
 
-    def _host_block(self, batch: list[tuple[str, torch.Tensor]]) -> Block:
+    def _host_block(self, batch: list[tuple[str, torch.Tensor]], one_pass: bool = False) -> Block:
         mon = self.monitor
         gs = [g for _name, g in batch]
-        rows, payload = host_figures([g.numpy().reshape(-1) for g in gs], self.squares, self.level == "L0",
-                                     mon.bounds if mon.histogram else None)
+        views = [g.numpy().reshape(-1) for g in gs]
+        rows, payload = one_pass_figures(views) if one_pass else host_figures(
+            views, self.squares, self.level == "L0", mon.bounds if mon.histogram else None)
         for row, g in zip(rows, gs):
             if row[0] == 0.0 or row[1] == 0.0:  # which signed zero: the device path's kernels say
                 row[:2] = [float(g.double().amax()), float(g.double().amin())] if mon.histogram else [
@@ -335,6 +341,8 @@ def to_host_packed(items: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple
 _NUMPY = {torch.float64: "float64", torch.float32: "float32", torch.bool: "bool"}
 
 
+# the gradients L1 takes in one pass on the host (host_figures.one_pass_figures) when large
+_ONE_PASS = (torch.float32, torch.float64)
 _WHOLE = (torch.nn.Parameter, torch.Tensor)  # the types of parameters no engine has split but ZeRO
 
 

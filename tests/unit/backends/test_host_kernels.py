@@ -4,9 +4,11 @@ build key, and a machine that cannot build them keeps NumPy's passes with the re
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import math
 import os
+import platform
 
 import numpy as np
 import pytest
@@ -244,3 +246,82 @@ def test_dispatch_parts_see_a_nan_in_every_lane_and_the_tail():
         a[at] = math.nan
         got = _kernel_parts("f32", a, b)
         assert math.isnan(got[3]) and math.isnan(got[4]) and math.isnan(got[1]) and math.isfinite(got[0])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 33, 1001])
+@pytest.mark.parametrize("special_share", [0.0, 0.01, 0.3])
+def test_grad_figures_keep_one_documented_order_with_either_path(dtype, n, special_share):
+    """grad_probe's one pass: max, min and the sum of squares (eight partial sums, element i into
+    i % 8, combined pairwise) by the kernel, by NumPy and element by element agree bit for bit, and
+    the signs are NumPy's g > 0."""
+    from probes.grad_probe.host_figures import _figures_in_order
+
+    _need_kernels()
+    for seed in range(3):
+        g, _ = _arrays(dtype, n, seed + 13 * n, special_share)
+        signs = np.ones(n + 2, dtype=bool)  # a byte either side must stay as it was
+        got = host_kernels.grad_figures(g.itemsize, g.ctypes.data, n, signs.ctypes.data + 1)
+        assert signs[0] and signs[-1]
+        assert signs[1:-1].tobytes() == np.greater(g, 0).tobytes()
+        numpy_signs = np.empty(n, dtype=bool)
+        by_numpy = _figures_in_order(g, numpy_signs)
+        assert numpy_signs.tobytes() == signs[1:-1].tobytes()
+        p = [0.0] * 8
+        for i, x in enumerate(g.tolist()):
+            p[i % 8] += x * x
+        values = [x for x in g.tolist() if x == x]
+        nan = len(values) < n
+        want = [math.nan if nan else max(values), math.nan if nan else min(values),
+                ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]))]
+        assert _same(got, want) and _same(by_numpy, want), (got, by_numpy, want)
+
+
+def test_the_portable_branch_gives_the_x86_branchs_bytes(monkeypatch, tmp_path):
+    """A compiler that does not define __SSE2__ (another CPU) builds the kernels' portable branch:
+    built here with __SSE2__ undefined, every kernel gives the SSE2 branch's bytes and flags."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("the SSE2 branch is x86's")
+    _need_kernels()
+    libs = [host_kernels.kernels()]
+    monkeypatch.setattr(host_kernels, "_FLAGS", (*host_kernels._FLAGS, "-U__SSE2__"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    host_kernels.reset()
+    libs.append(host_kernels.kernels())
+    host_kernels.reset()
+    assert libs[1] is not None and libs[1]._name != libs[0]._name
+    for n in (1, 7, 8, 9, 31, 1000):
+        for dtype, sfx in ((np.float32, "f32"), (np.float64, "f64")):
+            a, b = _arrays(dtype, n, n, 0.05)
+            ref = b.astype(np.float64)
+            results = []
+            for lib in libs:
+                out = np.zeros(12)  # ratio figures [0:3], max |a - b| [3], dispatch parts [4:9], grad figures [9:12]
+                signs = np.zeros(n, dtype=bool)
+                bits = a.view(np.int32 if dtype == np.float32 else np.int64)
+                edited = np.empty_like(bits)
+                width = 8 * a.itemsize
+                mask = (1 << (width - 1)) - 1
+                flags = [
+                    getattr(lib, f"ratio_figures_{sfx}")(a.ctypes.data, b.ctypes.data, n, 1e-6, _at(out, 0)),
+                    getattr(lib, f"max_abs_diff_{sfx}")(a.ctypes.data, b.ctypes.data, n, _at(out, 3)),
+                    getattr(lib, f"all_equal_{sfx}")(a.ctypes.data, a.ctypes.data, n),
+                    getattr(lib, f"dispatch_parts_{sfx}")(a.ctypes.data, ref.ctypes.data, n, _at(out, 4)),
+                    getattr(lib, f"grad_figures_{sfx}")(a.ctypes.data, n, signs.ctypes.data, _at(out, 9)),
+                ]
+                getattr(lib, f"band_add_{width}")(bits.ctypes.data, edited.ctypes.data, n, mask, 1 << (width - 9), mask >> 1)
+                results.append((flags, out.tobytes(), signs.tobytes(), edited.tobytes()))
+            assert results[0] == results[1], (n, dtype)
+        h = np.random.default_rng(n).integers(0, 1 << 16, n, dtype=np.uint16)
+        ref = np.random.default_rng(n).standard_normal(n)
+        got = []
+        for lib in libs:
+            out = np.zeros(5)
+            got.append((lib.dispatch_parts_bf16(h.ctypes.data, ref.ctypes.data, n, _at(out, 0)), out.tobytes(),
+                        lib.all_equal_h16(h.ctypes.data, h.ctypes.data, n, 0x7F80)))
+        assert got[0] == got[1], n
+
+
+def _at(out: np.ndarray, i: int):
+    """A double* to out[i], for the kernels' ctypes signatures."""
+    return ctypes.cast(out.ctypes.data + 8 * i, ctypes.POINTER(ctypes.c_double))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -67,10 +68,21 @@ def test_host_figures_write_the_device_paths_cells(
     step_with_grads(tmp_path / "host", grads, level)
     assert calls == [len(grads)]  # one batch for the step
     monkeypatch.setattr(torch_figures, "HOST_FIGURES_AVERAGE", 0)  # the device path, on the CPU
+    monkeypatch.setattr(torch_figures, "_ONE_PASS", ())
     step_with_grads(tmp_path / "device", grads, level)
     assert calls == [len(grads)]
     host, device = rows(tmp_path / "host"), rows(tmp_path / "device")
     assert [r[0] for r in host] == list(grads)
+    assert_device_cells(host, device, level)
+    if level != "L0":
+        for name, g in grads.items():
+            got = (tmp_path / "host" / "rank0" / "step0" / f"{name}.npy").read_bytes()
+            assert got == npy_bytes((g > 0).numpy()), name
+
+
+def assert_device_cells(host: list[list[str]], device: list[list[str]], level: str) -> None:
+    """Every cell the device path's, but the norm: to its last digits."""
+    assert [r[0] for r in host] == [r[0] for r in device]
     norm = csv_format.header(level, ()).index("norm") if level != "L2" else None
     for a, b in zip(host, device):
         if norm is None:  # L2: the norm is the third figure from the end (before the shape's two cells)
@@ -78,10 +90,47 @@ def test_host_figures_write_the_device_paths_cells(
         assert a[:norm] + a[norm + 1 :] == b[:norm] + b[norm + 1 :], a[0]
         x, y = float(a[norm]), float(b[norm])
         assert (math.isnan(x) and math.isnan(y)) or x == pytest.approx(y, rel=1e-14, abs=0.0), a[0]
-    if level != "L0":
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_one_pass_figures_write_the_device_paths_cells_with_or_without_a_compiler(
+    tmp_path: Path, monkeypatch, dtype: torch.dtype
+):
+    """L1 of large CPU gradients, each read once (host_figures.one_pass_figures): the device path's
+    cells but the norm, the direction files np.save's bytes, and the same CSV bytes whether the C
+    kernels or NumPy's passes took them."""
+    from probes.backends import host_kernels
+
+    calls: list[int] = []
+    real = torch_figures.one_pass_figures
+    monkeypatch.setattr(torch_figures, "one_pass_figures", lambda views: calls.append(len(views)) or real(views))
+    monkeypatch.setattr(torch_figures, "HOST_FIGURES_AVERAGE", 0)  # large gradients, as far as the routing sees
+    grads = grads_of(dtype)
+    grads["big"] = torch.randn(40_001, generator=torch.Generator().manual_seed(1)).to(dtype)
+    texts = []
+    by_kernel: list[bool] = []
+    real_kernel = host_kernels.grad_figures
+    monkeypatch.setattr(host_kernels, "grad_figures", lambda *a: by_kernel.append(True) or real_kernel(*a))
+    for way, switch in (("kernels", "1"), ("numpy", "0")):
+        monkeypatch.setenv(host_kernels.SWITCH, switch)
+        host_kernels.reset()
+        if way == "kernels" and host_kernels.kernels() is None:
+            if shutil.which("cc") or shutil.which("gcc") or shutil.which("clang"):
+                pytest.fail(f"a C compiler is here but the kernels did not load: {host_kernels.why_not()}")
+            pytest.skip(f"no C kernels on this machine: {host_kernels.why_not()}")
+        step_with_grads(tmp_path / way, grads, "L1")
+        texts.append(csv_format.summary_csv_path(tmp_path / way, 0, 0).read_bytes())
         for name, g in grads.items():
-            got = (tmp_path / "host" / "rank0" / "step0" / f"{name}.npy").read_bytes()
-            assert got == npy_bytes((g > 0).numpy()), name
+            got = (tmp_path / way / "rank0" / "step0" / f"{name}.npy").read_bytes()
+            assert got == npy_bytes((g > 0).numpy()), (way, name)
+    host_kernels.reset()
+    assert calls == [len(grads)] * 2 and len(by_kernel) == 2 * len(grads)
+    assert texts[0] == texts[1]
+    monkeypatch.setattr(torch_figures, "_ONE_PASS", ())
+    step_with_grads(tmp_path / "device", grads, "L1")
+    assert calls == [len(grads)] * 2
+    assert [r[0] for r in rows(tmp_path / "device")] == list(grads)
+    assert_device_cells(rows(tmp_path / "kernels"), rows(tmp_path / "device"), "L1")
 
 
 def test_host_figures_by_the_definitions():

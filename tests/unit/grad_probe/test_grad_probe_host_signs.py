@@ -73,11 +73,14 @@ def test_what_numpy_cannot_view_is_compared_by_torch() -> None:
 def test_direction_files_are_np_save_of_g_gt_0(tmp_path: Path, monkeypatch, dtype: torch.dtype, large: bool,
                                                 host: bool) -> None:
     """The files of a step whose gradients hold the awkward values, batched: small gradients of a
-    dtype NumPy has are taken on the host (host_figures), the others by torch, the signs of large
-    gradients by NumPy (host_signs) and of small ones by torch (cheaper there)."""
+    dtype NumPy has are taken on the host (host_figures), large float32 / float64 ones in one pass
+    with their signs (one_pass_figures), the others by torch, the signs of large float16 /
+    bfloat16 gradients by NumPy (host_signs) and of small ones by torch (cheaper there)."""
     taken: list[bool] = []
-    real = torch_signs.host_signs
+    one_pass: list[bool] = []
+    real, real_one_pass = torch_signs.host_signs, torch_figures.one_pass_figures
     monkeypatch.setattr(torch_signs, "host_signs", lambda flats: taken.append(True) or real(flats))
+    monkeypatch.setattr(torch_figures, "one_pass_figures", lambda views: one_pass.append(True) or real_one_pass(views))
     if not host:
         monkeypatch.setattr(torch_figures, "HOST_FIGURES_AVERAGE", 0)
     t = awkward(dtype)
@@ -89,7 +92,9 @@ def test_direction_files_are_np_save_of_g_gt_0(tmp_path: Path, monkeypatch, dtyp
         assert got == npy_bytes((g > 0).numpy()), name
         assert (tmp_path / "rank0" / "step0" / f"{name}.npy").stat().st_mode & 0o777 == 0o640
     assert (tmp_path / "rank0" / "step0").stat().st_mode & 0o777 == 0o750  # whatever the umask
-    assert bool(taken) == large  # large gradients' figures are the device path's, their signs NumPy's
+    wide = dtype in (torch.float32, torch.float64)
+    assert bool(one_pass) == (wide and (large or not host))  # what host_figures does not take
+    assert bool(taken) == (large and not wide)  # the others' figures are the device path's, their signs NumPy's
 
 
 def _run(root: Path, flip_from: int | None = None) -> None:

@@ -82,7 +82,7 @@ class TorchBackend(BackendDefaults):
         return str(t.dtype)
 
     def shape_repr(self, t: Any) -> str:
-        return str(t.shape)
+        return torch_host.shape_repr(t)
 
     def numel(self, t: Any) -> int:
         return t.numel()

@@ -51,6 +51,26 @@ def plain_cpu_pair(a: Any, b: Any) -> bool:
     return _IS_WRAPPED is None or not (_IS_WRAPPED(a) or _IS_WRAPPED(b))
 
 
+def shape_repr(t: Any) -> str:
+    """str(t.shape), each shape's text made once (every checked call's verdict shows its output's
+    shape; a training step's calls have a few dozen shapes). A shape that cannot be a key (a
+    symbolic size) is written out each time."""
+    shape = t.shape
+    try:
+        text = _SHAPE_REPRS.get(shape)
+    except TypeError:
+        return str(shape)
+    if text is None:
+        if len(_SHAPE_REPRS) >= _SHAPES_KEPT:
+            _SHAPE_REPRS.clear()
+        text = _SHAPE_REPRS[shape] = str(shape)
+    return text
+
+
+_SHAPE_REPRS: dict[Any, str] = {}
+_SHAPES_KEPT = 4096
+
+
 def first_float(args: tuple, kwargs: dict) -> tuple[str, Any, torch.Tensor] | None:
     """("args", position, tensor) or ("kwargs", name, tensor): the first floating or complex
     tensor of a flat call (plain tensors and scalar-like values, no container: torch_flat), as

@@ -74,6 +74,12 @@ def edited_in_band(b: Any, bits: Any, name: str, above: int, below: int, op: str
     code < `below`, in one pass where the backend has one (the host arrays' C kernel)."""
     one_pass = getattr(b, "edited_in_band", None)
     edited = one_pass(op, bits, _WIDTH[name], above, below) if one_pass is not None else None
+    if edited is None and one_pass is not None:
+        # bits that do not cover their memory densely (a slice of a transposed tensor), which the
+        # one pass cannot walk: walked in a dense copy of their layout instead (asarray keeps the
+        # order of their strides, so the result's layout is the one in_band's fresh array has);
+        # one pass and a copy against seven strided passes
+        edited = one_pass(op, b.namespace(bits).asarray(bits, copy=True), _WIDTH[name], above, below)
     if edited is not None:
         return edited
     return combined(b, op, in_band(b, b.namespace(bits), bits, name, above, below), bits)

@@ -727,3 +727,21 @@ def test_build_usual_builds_what_build_builds(mode, style):
         x = torch.randn(4, 8)
         for args, kwargs in (((x, 2.0), {}), ((3, x.t()), {"alpha": 2}), ((torch.arange(4),), {"other": x})):
             assert isinstance(pert.build_usual(args, kwargs), PerturbedCall)
+
+
+@pytest.mark.parametrize("mode", ["add_noise", "bit_noise"])
+@dtype_param
+def test_inputs_that_do_not_cover_their_memory_are_edited_in_one_pass_as_in_seven(mode, dtype, monkeypatch):
+    """A slice of a transposed tensor, an expanded one, a strided one: the host's one pass walks a
+    dense copy of their layout, with the bits and the layout (strides) that the seven strided
+    passes give."""
+    from probes.backends.host_arrays import HostArrays
+
+    q = (torch.randn(4, 64, 4, 32, dtype=torch.float64) * 10).to(dtype).transpose(1, 2)
+    q[0, 0, 0, :4] = torch.tensor([0.0, math.inf, -math.inf, math.nan], dtype=dtype)
+    inputs = [q[..., :16], q[..., 16:], torch.randn(16, dtype=dtype).expand(4, 16), q[:, :, ::2], q.flip(0)[..., 3:9]]
+    pert = make_perturbation(mode, BACKEND)
+    one_pass = [pert.perturb(x) for x in inputs]
+    monkeypatch.setattr(HostArrays, "edited_in_band", lambda self, *a: None)  # in_band's passes only
+    for x, fast, slow in zip(inputs, one_pass, [pert.perturb(x) for x in inputs], strict=True):
+        assert fast.stride() == slow.stride() and same_bits(fast, slow), (x.shape, x.stride())

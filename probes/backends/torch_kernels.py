@@ -99,8 +99,8 @@ def _pair(a: Any, b: Any, dtypes: Any) -> tuple[int, int, int] | None:
 def _dense(t: Any) -> bool:
     if _is_contiguous(t):
         return True
-    expected = 1
-    for size, stride in sorted(zip(t.shape, _stride(t)), key=lambda d: d[1]):
+    expected = 1  # dims by stride (a tie's order decides nothing: two sizes > 1 at one stride fail either way)
+    for stride, size in sorted(zip(_stride(t), t.shape)):
         if size != 1 and stride != expected:
             return False
         expected *= size

@@ -106,6 +106,7 @@ class Perturbation:
         self.backend = backend
         self.add_noise_style = add_noise_style
         self._bands: dict[str, tuple[int, int] | None] = {}  # dtype name -> band(), worked out once
+        self._usual: dict[str, tuple[int, int, float | None] | None] = {}  # (build_usual's)
 
     def band(self, name: str) -> tuple[int, int] | None:
         """(above, below): the magnitude codes between which the mode edits the bit patterns of
@@ -132,16 +133,20 @@ class Perturbation:
             return self.build(args, kwargs)
         b, (where, key, leaf) = self.backend, found
         name = b.dtype_name(leaf)
-        band = self._band_of(name) if name in th.FLOAT_DTYPES else None
-        if band is None or b.numel(leaf) == 0 or b.value_parts(leaf) is not None:
+        facts = self._usual.get(name, False)  # (above, below, move_bound) of the dtype, or None
+        if facts is False:
+            band = self._band_of(name) if name in th.FLOAT_DTYPES else None
+            facts = self._usual[name] = None if band is None else (*band, self.move_bound(name))
+        if facts is None or b.numel(leaf) == 0 or b.value_parts(leaf) is not None:
             return self.build(args, kwargs)
-        new = band_edit(b, leaf, name, band[0], band[1], self.band_op)
+        new = band_edit(b, leaf, name, facts[0], facts[1], self.band_op)
         if where == "args":
             new_args, new_kwargs = (*args[:key], new, *args[key + 1:]), kwargs
         else:
             new_args, new_kwargs = args, dict(kwargs)
             new_kwargs[key] = new
-        return PerturbedCall(new_args, _no_inplace(new_kwargs), moved=(leaf, new), move=self.move_bound(name))
+        return PerturbedCall(new_args, _no_inplace(new_kwargs) if new_kwargs else new_kwargs, moved=(leaf, new),
+                             move=facts[2])
 
     def accepts(self, t: Any) -> str | None:
         """None when this tensor can be perturbed, else why not."""

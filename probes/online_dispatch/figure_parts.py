@@ -29,7 +29,7 @@ import torch
 
 from probes.backends import host_arrays, host_kernels
 from probes.backends.torch_backend import BACKEND
-from probes.backends.torch_host import plain_cpu
+from probes.backends.torch_host import plain_cpu_pair
 from probes.core import dispatch_figures as df
 
 _F64 = torch.float64
@@ -51,7 +51,7 @@ def one_pass_parts(dev: torch.Tensor, ref: torch.Tensor) -> list[float] | None:
     device, a subclass, gaps in memory, past ONE_PASS_MAX elements."""
     kind = _ONE_PASS.get(dev.dtype)
     if kind is None or ref.dtype is not _F64 or not 0 < dev.shape[0] <= ONE_PASS_MAX \
-            or not (_is_contiguous(dev) and _is_contiguous(ref) and plain_cpu(dev) and plain_cpu(ref)):
+            or not (_is_contiguous(dev) and _is_contiguous(ref) and plain_cpu_pair(dev, ref)):
         return None
     try:
         parts = host_kernels.dispatch_parts(kind, _data_ptr(dev), _data_ptr(ref), dev.shape[0])

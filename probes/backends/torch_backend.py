@@ -81,8 +81,7 @@ class TorchBackend(BackendDefaults):
     def dtype_repr(self, t: Any) -> str:
         return str(t.dtype)
 
-    def shape_repr(self, t: Any) -> str:
-        return torch_host.shape_repr(t)
+    shape_repr = staticmethod(torch_host.shape_repr)  # str(t.shape), each shape's made once
 
     def numel(self, t: Any) -> int:
         return t.numel()

@@ -173,15 +173,20 @@ def equal_at_once(backend: Any, original: Any, perturbed: Any, *, pert_mode: str
             return None  # (complex leaves are compared as their real and imaginary parts)
         if backend.numel(original) == 0:
             return []
+        floats = backend.is_float(original) and backend.is_float(perturbed)
+        names = (backend.dtype_name(original), backend.dtype_name(perturbed)) if floats else ()
     elif not same:
         return None
-    if not (backend.is_float(original) and backend.is_float(perturbed)):
+    else:  # the kernel's pair: one dtype, both on the host, so either side answers for both
+        floats = backend.is_float(original)
+        names = (backend.dtype_name(original),) * 2 if floats else ()
+    if not floats:
         return [exact_verdict((), original, 0.0, backend.dtype_repr(original), backend.shape_repr(original),
                               pert_mode)]
-    key = (backend, backend.dtype_name(original), backend.dtype_name(perturbed), tolerance, pert_mode, rule, stage)
+    name, perturbed_name = names
+    key = (backend, name, perturbed_name, tolerance, pert_mode, rule, stage)
     parts = _EQUAL_PARTS.get(key)
     if parts is None:  # the same for every equal leaf of a dtype: worked out once
-        _backend, name, perturbed_name = key[:3]
         tol = tolerance if tolerance is not None else th.forward_tolerance(perturbed_name)
         if rule == "scaled":
             v = scaled_verdict(backend, (), original, list(EQUAL_SCALED),

@@ -355,7 +355,7 @@ class NoChange(Perturbation):
         found = None if first is None else first(args, kwargs)
         if found is None or self.backend.numel(found[2]) == 0:
             return self.build(args, kwargs)
-        return PerturbedCall(args, _no_inplace(kwargs))
+        return PerturbedCall(args, _no_inplace(kwargs) if kwargs else kwargs)
 
     def build(self, args: tuple, kwargs: dict) -> PerturbedCall | Cancelled:
         # the call's own arguments, once a float input is not empty (the base's search, without

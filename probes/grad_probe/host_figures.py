@@ -91,33 +91,45 @@ _ONE_PASS_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 def one_pass_figures(views: Sequence[np.ndarray]) -> tuple[list[list[float]], np.ndarray]:
     """The L1 rows ([max, min, norm]) of flat, non-empty float32 / float64 views and their signs
-    ``v > 0`` as one new bool array, each view read once by host_kernels' grad figures: where the
-    gradients are large, a pass per figure (torch's extrema and norm, NumPy's signs) costs more
-    than their calls. The norm's squares (float64) are summed in SQUARE_PARTIALS partial sums,
-    element i into partial i % 8 in index order, combined as ((p0 + p1) + (p2 + p3)) + ((p4 + p5)
-    + (p6 + p7)): NumPy gives the same order without a compiler (a column reduction of the squares
-    laid out eight to a row, which NumPy sums row by row), so both print the same figures."""
+    ``v > 0`` as one new bool array, each view read once by host_kernels' grad figures: a pass per
+    figure (torch's extrema and norm, NumPy's signs) costs more than one that takes them all. The
+    norm's squares (float64) are summed in SQUARE_PARTIALS partial sums, element i into partial
+    i % 8 in index order, combined as ((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7)). Without
+    the kernels NumPy gives the same order (`_figures_in_order`), so a machine with a compiler and
+    one without print the same figures."""
     signs = np.empty(sum(v.size for v in views), dtype=bool)
+    if host_kernels.kernels() is None or not all(v.dtype in _ONE_PASS_DTYPES and v.flags.c_contiguous for v in views):
+        return _figures_in_order(views, signs), signs
     rows = []
     pos = 0
     for v in views:
-        n = v.size
-        figures = None
-        if v.dtype in _ONE_PASS_DTYPES and v.flags.c_contiguous:
-            figures = host_kernels.grad_figures(v.itemsize, v.ctypes.data, n, signs.ctypes.data + pos)
-        if figures is None:
-            figures = _figures_in_order(v, signs[pos : pos + n])
+        figures = host_kernels.grad_figures(v.itemsize, v.ctypes.data, v.size, signs.ctypes.data + pos)
         rows.append([figures[0], figures[1], math.sqrt(figures[2])])
-        pos += n
+        pos += v.size
     return rows, signs
 
 
-def _figures_in_order(v: np.ndarray, signs: np.ndarray) -> list[float]:
+def _figures_in_order(views: Sequence[np.ndarray], signs: np.ndarray) -> list[list[float]]:
+    """one_pass_figures' rows by NumPy, writing the signs: the squares laid out eight to a row,
+    each view from a row of its own (zeros after it leave a partial sum as it was), and summed
+    down the columns, which NumPy does row by row: partial i % 8 in index order."""
+    starts, rows_at = [], [0]
+    total = 0
+    for v in views:
+        starts.append(total)
+        total += v.size
+        rows_at.append(rows_at[-1] + -(-v.size // SQUARE_PARTIALS))
+    flat = np.concatenate(views) if len(views) > 1 else views[0].reshape(-1)
+    squares = np.zeros((rows_at[-1], SQUARE_PARTIALS))
+    cells = squares.reshape(-1)
     with np.errstate(all="ignore"):  # NaN and infinities are figures like any other
-        np.greater(v, 0, out=signs)
-        squares = np.square(v, dtype=np.float64)
-        pad = -squares.size % SQUARE_PARTIALS
-        if pad:
-            squares = np.concatenate((squares, np.zeros(pad)))
-        p = np.add.reduce(squares.reshape(-1, SQUARE_PARTIALS), axis=0).tolist()
-        return [float(v.max()), float(v.min()), ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]))]
+        np.greater(flat, 0, out=signs)
+        top = np.maximum.reduceat(flat, starts).tolist()
+        bottom = np.minimum.reduceat(flat, starts).tolist()
+        for v, at in zip(views, rows_at):
+            np.square(v.reshape(-1), out=cells[at * SQUARE_PARTIALS : at * SQUARE_PARTIALS + v.size], dtype=np.float64)
+        out = []
+        for i in range(len(views)):
+            p = np.add.reduce(squares[rows_at[i] : rows_at[i + 1]], axis=0).tolist()
+            out.append([top[i], bottom[i], math.sqrt(((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7])))])
+    return out

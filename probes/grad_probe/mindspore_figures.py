@@ -2,7 +2,9 @@
 (:class:`~probes.grad_probe.step_files.StepFigures`).
 
 PyNative dispatches each operator on its own (~0.1-0.5 ms however small the tensor), so on the CPU
-target a gradient's figures are taken with NumPy on a view of its memory (no copy, no operator);
+target a gradient's figures are taken with NumPy on a view of its memory (no copy, no operator;
+at L1 a float32 / float64 gradient in one pass, host_figures.one_pass_figures, as PyTorch's
+monitor takes a large CPU gradient);
 the gradients NumPy should not take (bfloat16, very large ones, other targets) take the same
 formulas as MindSpore operators, and their statistics vectors come to the host in one transfer.
 A low-precision dtype whose kernel this MindSpore build lacks is computed on a float32 upcast.
@@ -22,6 +24,7 @@ import numpy as np
 from probes.backends import mindspore_xp as xp
 from probes.backends.mindspore_backend import BACKEND
 from probes.grad_probe import stats
+from probes.grad_probe.host_figures import one_pass_figures
 from probes.grad_probe.monitor_common import MonitorBase
 from probes.grad_probe.step_files import StepFigure
 
@@ -36,6 +39,7 @@ FLOATS = {
     xp.float32: "float32",
     xp.float64: "float64",
 }
+_ONE_PASS = (np.dtype(np.float32), np.dtype(np.float64))  # host views L1 takes in one pass
 #: the dtypes whose kernels a MindSpore build may lack (see kernel_missing)
 LOW_PRECISION = ("float16", "bfloat16")
 
@@ -70,6 +74,14 @@ class MindSporeStepFigures:
         if dtype_name is None:
             raise TypeError(f"gradient of dtype {g.dtype} is not a real floating-point tensor")
         host = BACKEND.host_view(g)  # None: the tensor path (see the module docstring)
+        monitor = self.monitor
+        if host is not None and not (self.l0 or monitor.histogram or monitor.fp8_formats) and host.dtype in _ONE_PASS:
+            # L1 in one pass, as PyTorch's monitor takes a large CPU gradient: the same cells
+            (row,), signs = one_pass_figures([host.reshape(-1)])
+            if row[0] == 0.0 or row[1] == 0.0:  # which signed zero: NumPy's, as stat_vector's
+                row[:2] = [float(host.max()), float(host.min())]
+            monitor.compute_dtypes.add("float64")
+            return name, tuple(int(s) for s in g.shape), row, signs.reshape(host.shape)
         if host is not None:
             vec = self.figures(np_xp, host)
         else:

@@ -341,7 +341,8 @@ def to_host_packed(items: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple
 _NUMPY = {torch.float64: "float64", torch.float32: "float32", torch.bool: "bool"}
 
 
-# the gradients L1 takes in one pass on the host (host_figures.one_pass_figures) when large
+# the CPU gradients L1 takes in one pass each on the host (host_figures.one_pass_figures) when
+# host_figures does not take them (large ones)
 _ONE_PASS = (torch.float32, torch.float64)
 _WHOLE = (torch.nn.Parameter, torch.Tensor)  # the types of parameters no engine has split but ZeRO
 

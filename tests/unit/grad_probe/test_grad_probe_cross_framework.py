@@ -141,3 +141,27 @@ def test_seeded_sign_defect_flagged_at_step_1(tmp_path: Path) -> None:
     flagged = {(f.param, f.step) for f in res.flags}
     assert ("fc1.weight", 1) in flagged and ("summary", 1) in flagged
     assert not res.ok
+
+
+def test_large_cpu_gradients_get_the_same_cells_from_both_frameworks(tmp_path: Path) -> None:
+    """The same large float32 gradients (awkward values among them) through PyTorch's monitor and
+    MindSpore's at L1: both take them in one pass (host_figures.one_pass_figures), so the CSV rows
+    and direction files are byte for byte the same."""
+    from grad_runs import step_with_grads
+
+    rng = np.random.default_rng(5)
+    values = {"fc1.weight": rng.standard_normal((64, 128)), "fc1.bias": rng.standard_normal(8191) * 1e-30,
+              "fc2.weight": np.concatenate([[0.0, -0.0, np.inf], rng.standard_normal(9000)]),
+              "fc2.bias": -np.abs(rng.standard_normal(5001))}
+    grads = {name: v.astype(np.float32) for name, v in values.items()}
+    step_with_grads(tmp_path / "torch", {name: torch.from_numpy(g.copy()) for name, g in grads.items()})
+    params = [ms.Parameter(Tensor(np.zeros_like(g)), name=name) for name, g in grads.items()]
+    opt = nn.SGD(params, learning_rate=0.0)
+    with MindSporeGradMonitor(config(tmp_path / "ms"), opt):
+        opt(tuple(Tensor(g) for g in grads.values()))
+    a = (tmp_path / "torch" / "rank0" / "grad_summary_0.csv").read_bytes()
+    b = (tmp_path / "ms" / "rank0" / "grad_summary_0.csv").read_bytes()
+    assert a == b and a.count(b"\r\n") == 1 + len(grads)
+    for name in grads:
+        assert (tmp_path / "torch" / "rank0" / "step0" / f"{name}.npy").read_bytes() == \
+            (tmp_path / "ms" / "rank0" / "step0" / f"{name}.npy").read_bytes()

@@ -6,7 +6,8 @@ arguments in Python costs a noticeable share of the op, so `scan` answers the th
 (reference.device_under_test and reference.input_bytes are its parts, for the callers that need
 one).
 `other_modes_off` is _disable_current_modes without its cost when no other mode is active, as in
-the usual run.
+the usual run; `ProbeSide` is that and grad mode off in one context, what the probe's own
+operators of a compared op run under.
 """
 
 from __future__ import annotations
@@ -62,4 +63,36 @@ def other_modes_off(on: bool | None = None) -> contextlib.AbstractContextManager
 
 
 def other_modes_on() -> bool:
-    return torch._C._len_torch_dispatch_stack() != 0 or _len_torch_dispatch_stack_pre_dispatch() != 0
+    return _len_torch_dispatch_stack() != 0 or _len_torch_dispatch_stack_pre_dispatch() != 0
+
+
+class ProbeSide:
+    """Every other dispatch mode off (when `modes`: other_modes_on()) and grad mode off, back as
+    they were on exit: one frame each way where other_modes_off and GradOff took five (a
+    nullcontext's two among them), twice for every compared op."""
+
+    __slots__ = ("_modes", "_off", "_grad")
+
+    def __init__(self, modes: bool) -> None:
+        self._modes = modes
+
+    def __enter__(self) -> None:
+        if self._modes:
+            self._off = _disable_current_modes()
+            self._off.__enter__()
+        self._grad = _grad_enabled()
+        if self._grad:
+            _set_grad_enabled(False)
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if self._grad:
+                _set_grad_enabled(True)
+        finally:
+            if self._modes:
+                self._off.__exit__(*exc)
+
+
+_len_torch_dispatch_stack = torch._C._len_torch_dispatch_stack
+_grad_enabled = torch.is_grad_enabled
+_set_grad_enabled = torch._C._set_grad_enabled

@@ -59,7 +59,7 @@ class OpComparison:
     def __init__(self, prefix: str, chained: bool = False, rounded_once_terms: int = 0) -> None:
         self.prefix = prefix
         self.outputs: list[OutputLeaf] = []
-        self.inputs: list[InputLeaf] = []
+        self.inputs: list[tuple] = []  # InputLeaf's fields (input_leaves)
         # each input leaf's CSV cells, made when the leaf is listed, with the statistics a passing
         # op shows (none for tensors); verdict.rows fills them in for an op that failed
         self.input_cells: list[list[Any]] = []
@@ -69,6 +69,12 @@ class OpComparison:
         # the FP8 matmul: its reference is exact, a correct kernel rounds once (dm.rounded_once_floor);
         # the number of products summed per output element, 0 for every other op
         self.rounded_once_terms = rounded_once_terms
+
+
+def input_leaves(cmp: OpComparison) -> list[InputLeaf]:
+    """The op's input leaves as InputLeaf (kept as plain tuples: a NamedTuple is made by a Python
+    frame, and most ops never read them)."""
+    return [InputLeaf(*t) for t in cmp.inputs]
 
 
 # dtype -> the name that picks its thresholds (complex ones by their real parts); looked up for
@@ -187,7 +193,7 @@ def may_overflow(dev: torch.Tensor, ref: torch.Tensor, ref_sq: float) -> bool:
     formats (float16, FP8) with large values or many elements take the exact test, as all did before."""
     if not (dev.is_floating_point() and ref.is_floating_point()) or dev.dtype == ref.dtype:
         return False
-    bound = _boundary(dev.dtype)
+    bound = _BOUNDARIES.get(dev.dtype) or _boundary(dev.dtype)
     return not ref_sq < 0.5 * bound * bound
 
 
@@ -195,13 +201,22 @@ def _add_pair(cmp: OpComparison, name: str, dev: Any, ref: Any) -> None:
     if isinstance(dev, torch.Tensor) and isinstance(ref, torch.Tensor):  # the usual leaf: its checks in a row
         shape = dev.shape
         if shape == ref.shape and (numel := dev.numel()):
-            leaf = OutputLeaf(name, str(dev.dtype), str(ref.dtype), _tensor_dtype_name(dev), shape_text(shape),
-                              len(cmp.pairs), numel=numel)
-            cmp.outputs.append(leaf)
-            dev = _plain(dev)
+            # _tensor_dtype_name, shape_text and _plain of both sides, their usual answers looked up
+            # here (five frames a compared op otherwise)
+            dtype = dev.dtype
+            pairs = cmp.pairs
+            cmp.outputs.append(OutputLeaf(
+                name, str(dtype), str(ref.dtype), _DTYPE_NAMES.get(dtype) or _tensor_dtype_name(dev),
+                _SHAPE_TEXTS.get(shape) or shape_text(shape), len(pairs), numel=numel))
+            if dev.requires_grad:
+                dev = dev.detach()
+            if dtype.is_complex:
+                dev = torch.view_as_real(dev)
+            if ref.requires_grad or ref.dtype.is_complex:
+                ref = _plain(ref)
             # the reference as measured: values beyond the device dtype's range are mapped when the
             # figures show some may be there (verdict.figures: may_overflow, overflowed_as)
-            cmp.pairs.append((dev if dev.is_cpu else dev.to(CPU), _plain(ref)))
+            pairs.append((dev if dev.is_cpu else dev.to(CPU), ref))
             return
     if dev is None and (ref is None or isinstance(ref, NotCompared)):
         return
@@ -284,13 +299,16 @@ def _walk_inputs(cmp: OpComparison, name: str, dev: Any, ref: Any) -> None:
         index = -1
         if numel:
             index = len(cmp.stat_tensors)
-            cmp.stat_tensors.append(_real(ref))
-        cmp.inputs.append(InputLeaf(dtype.is_floating_point or dtype.is_complex, numel, True, index))
-        cmp.input_cells.append(input_row(name, str(dev.dtype), str(dtype), shape_text(ref.shape), NO_STATS))
+            cmp.stat_tensors.append(torch.view_as_real(ref) if dtype.is_complex else ref)
+        # a plain tuple, InputLeaf's fields in order (made one only for a failing op: input_leaves)
+        cmp.inputs.append((dtype.is_floating_point or dtype.is_complex, numel, True, index))
+        shape = ref.shape
+        cmp.input_cells.append(input_row(name, str(dev.dtype), str(dtype), _SHAPE_TEXTS.get(shape) or shape_text(shape),
+                                         NO_STATS))
     elif isinstance(ref, (list, tuple)) and isinstance(dev, (list, tuple)):
         for i, (d, r) in enumerate(zip(dev, ref)):
             _walk_inputs(cmp, f"{name}.{i}", d, r)
     elif isinstance(ref, _SCALARS) and isinstance(dev, _SCALARS):
         value = float(ref)
-        cmp.inputs.append(InputLeaf(isinstance(ref, float), 1, False, -1, value))
+        cmp.inputs.append((isinstance(ref, float), 1, False, -1, value))
         cmp.input_cells.append(input_row(name, str(type(dev)), str(type(ref)), "[]", (value, value, value)))

@@ -30,7 +30,7 @@ from probes.compiled import capture
 from probes.compiled import runs as graph_runs
 from probes.core.file_names import dispatch_csv_name
 from probes.online_dispatch import leaf_pairs, reference, skip_list, verdict
-from probes.online_dispatch.call_scan import other_modes_off, other_modes_on, scan
+from probes.online_dispatch.call_scan import ProbeSide, other_modes_on, scan
 from probes.online_dispatch.call_stack import capture_stack
 from probes.online_dispatch.graph_ops import GraphBackwardOp, GraphInfo, GraphOp, watch_backward
 from probes.online_dispatch.graph_reports import graph_entry
@@ -82,7 +82,10 @@ class OnlineDispatchMode(TorchDispatchMode):
     def __init__(self, options: DispatchOptions) -> None:
         super().__init__()
         self.options = options
-        self._infos: dict[Any, OpInfo] = {}
+        # id(overload) -> its OpInfo: an overload's __hash__ is Python (a frame every call); the
+        # overloads are kept alive in _overloads, so their ids are not reused
+        self._infos: dict[int, OpInfo] = {}
+        self._overloads: list[Any] = []
         self._counters: dict[str, int] = {}
         self._no_cpu_kernel: set[Any] = set()
         self.results: RunResults | None = None
@@ -195,14 +198,15 @@ class OnlineDispatchMode(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         if kwargs is None:
             kwargs = {}
-        info = self._infos.get(func)
+        info = self._infos.get(id(func))
         if info is None:  # a new overload (higher-order operators are never cached: they come here each time)
             if isinstance(func, torch._ops.HigherOrderOperator):
                 key = (skip_list.HIGHER_ORDER, func.name())
                 self.results.skipped[key] = self.results.skipped.get(key, 0) + 1
                 with _disable_current_modes():
                     return func(*args, **kwargs)
-            info = self._infos[func] = OpInfo(func)
+            info = self._infos[id(func)] = OpInfo(func)
+            self._overloads.append(func)
         reason = info.skip
         if info.per_call is not None:  # attention's dropout, _to_copy's FP8 casts: the call decides
             reason = info.per_call(args, kwargs)
@@ -289,9 +293,10 @@ class OnlineDispatchMode(TorchDispatchMode):
         # the probe's own operators (copies, the reference, figures) run with every other mode
         # off: a user's mode outside this one (FlopCounterMode, a logger) and a tracer (make_fx)
         # see the user's op only, as without the probe
-        modes = other_modes_on()
+        # (grad mode off as well: the copies, the re-run and the figures record no autograd history)
+        side = ProbeSide(other_modes_on())
         try:
-            with other_modes_off(modes), GradOff():
+            with side:
                 # pristine copies of written arguments: their input rows and dumps show what the op received
                 ref = reference.build_reference(args, kwargs, float64 or device is reference.CPU or device.type == "cpu",
                                                 info.half_to_float, info.written, keep_pristine=True)
@@ -300,7 +305,7 @@ class OnlineDispatchMode(TorchDispatchMode):
             results.add_error(str(func), "copying the inputs for the reference", exc)
             return out
         out = func(*args, **kwargs)  # the user's op, untouched
-        with other_modes_off(modes):
+        with side:
             self._judge(func, info, device, ref, args, kwargs, out)
         return out
 
@@ -331,14 +336,15 @@ class OnlineDispatchMode(TorchDispatchMode):
                 figs = outcome if outcome is not None else verdict.figures(job.cmp.pairs, self._scaled, self.options.debug)
                 if kind is not None:
                     self._inline_costs.record(kind, perf_counter() - start)
-                self._finish_job(job, figs)
+                record_outcome(self.results, self.options, self._listed, job, figs)  # (_finish_job's body)
         except Exception as exc:  # recorded in the op's row and the summary, never raised
             self._finish_job(job, exc)
 
     def _prepare(self, job: Job, out: Any, written: list[Any] | None) -> Skipped | ReferenceFailed | None:
         """Number the op, run the CPU reference and pair its results with the device's (into
         job.cmp). Inline, or in the reference thread, which then owns the numbering: ops are
-        numbered in the order they ran either way, so the CSV does not depend on timing."""
+        numbered in the order they ran either way, so the CSV does not depend on timing. Called
+        with grad mode off (_judge's ProbeSide, _measure)."""
         if self._no_cpu_kernel and job.func in self._no_cpu_kernel:  # an earlier call, still in flight when this one ran, found out
             return SKIPPED
         info = job.info
@@ -352,8 +358,7 @@ class OnlineDispatchMode(TorchDispatchMode):
                                   ref.pristine_args if ref.pristine_args is not None else ref.args,
                                   ref.pristine_kwargs if ref.pristine_kwargs is not None else ref.kwargs)
         try:
-            with GradOff():
-                ref_out = info.on_host(*ref.args, **ref.kwargs)
+            ref_out = info.on_host(*ref.args, **ref.kwargs)
         except Exception as exc:
             self._no_cpu_kernel.add(job.func)
             return ReferenceFailed(exc)
@@ -364,7 +369,7 @@ class OnlineDispatchMode(TorchDispatchMode):
     def _measure(self, job: Job, out: Any, written: list[Any] | None, inference: bool) -> Any:
         """The reference thread's work for one op (grad and inference mode are thread-local, so
         the user's are set again here)."""
-        with torch.inference_mode(inference):
+        with torch.inference_mode(inference), GradOff():
             outcome = self._prepare(job, out, written)
             return outcome if outcome is not None else verdict.figures(job.cmp.pairs, self._scaled, self.options.debug)
 

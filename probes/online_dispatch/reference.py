@@ -101,7 +101,8 @@ def _convert(x: Any, device_is_cpu: bool) -> Any:
     if isinstance(x, torch.Tensor):
         return _copy(x, device_is_cpu)
     if isinstance(x, (list, tuple)):
-        items = [v if isinstance(v, _AS_IS) else _convert(v, device_is_cpu) for v in x]
+        items = [_copy(v, device_is_cpu) if isinstance(v, torch.Tensor) else v if isinstance(v, _AS_IS)
+                 else _convert(v, device_is_cpu) for v in x]  # a tensor copied without a frame of _convert
         return items if isinstance(x, list) else tuple(items)
     if isinstance(x, dict):
         return {k: _convert(v, device_is_cpu) for k, v in x.items()}

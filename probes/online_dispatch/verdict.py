@@ -19,7 +19,7 @@ from probes.core import dispatch_figures as df
 from probes.core import dispatch_metrics as dm
 from probes.core import rules
 from probes.core.metrics import finish_single_benchmark
-from probes.core.scaled import error_bound, row_floor, scaled_threshold_for_eps
+from probes.core.scaled import row_floor, scaled_threshold_for_eps, smallest_scale
 from probes.core.thresholds import (
     FLOAT_DTYPES,
     MACHINE_EPS,
@@ -27,7 +27,13 @@ from probes.core.thresholds import (
     single_benchmark_threshold,
 )
 from probes.online_dispatch import figure_parts
-from probes.online_dispatch.leaf_pairs import OpComparison, OutputLeaf, may_overflow, overflowed_as
+from probes.online_dispatch.leaf_pairs import (
+    OpComparison,
+    OutputLeaf,
+    input_leaves,
+    may_overflow,
+    overflowed_as,
+)
 from probes.online_dispatch.results import Row, output_row, passing_output_cells
 
 
@@ -39,25 +45,19 @@ def _eps(t: torch.Tensor) -> float | None:
     return MACHINE_EPS.get(BACKEND.dtype_name(t), torch.finfo(t.dtype).eps)
 
 
-# device dtype -> (machine epsilon, scaled limit, row floor) for the scaled bound; looked up for
-# every output leaf, so worked out once per dtype
-_BOUND_TERMS: dict[torch.dtype, tuple[float | None, float | None, float]] = {}
+# device dtype -> (machine epsilon, scaled limit, row floor, smallest scale) for the scaled bound;
+# looked up for every output leaf, so worked out once per dtype
+_BOUND_TERMS: dict[torch.dtype, tuple[float | None, float | None, float, float]] = {}
 
 
-def _bound_terms(t: torch.Tensor) -> tuple[float | None, float | None, float]:
+def _bound_terms(t: torch.Tensor) -> tuple[float | None, float | None, float, float]:
     terms = _BOUND_TERMS.get(t.dtype)
     if terms is None:
         eps = _eps(t)
         limit = dispatch_scaled_threshold(BACKEND.dtype_name(t))
         floor = row_floor(eps, scaled_threshold_for_eps(eps)) if eps is not None else 0.0
-        terms = _BOUND_TERMS[t.dtype] = (eps, limit, floor)
+        terms = _BOUND_TERMS[t.dtype] = (eps, limit, floor, smallest_scale(eps) if eps is not None else 0.0)
     return terms
-
-
-def _finite(f: list[float]) -> bool:
-    """Every figure finite (df.needs_masked_pass's test), by their sum first: one call where
-    the usual leaf is finite; a sum that overflows is checked figure by figure."""
-    return math.isfinite(sum(f)) or all(map(math.isfinite, f))
 
 
 def figures(pairs: list[tuple[torch.Tensor, torch.Tensor]], scaled: bool = True,
@@ -77,6 +77,7 @@ def figures(pairs: list[tuple[torch.Tensor, torch.Tensor]], scaled: bool = True,
     n = df.FIGURE_COUNT
     out = figure_parts.leaf_figures(pairs)
     redo = []
+    isfinite = math.isfinite
     for i, (d, r) in enumerate(pairs):
         f = out[i]
         if may_overflow(d, r, f[df.REF_SQ]):
@@ -84,7 +85,9 @@ def figures(pairs: list[tuple[torch.Tensor, torch.Tensor]], scaled: bool = True,
             if mapped is not r:  # the rows and dumps show the reference as measured
                 pairs[i] = (d, mapped)
                 f = out[i] = figure_parts.leaf_figures([(d, mapped)])[0]
-        if not _finite(f):
+        # every figure finite (df.needs_masked_pass's test), by their sum first: one call where the
+        # usual leaf is finite; a sum that overflows is checked figure by figure
+        if not (isfinite(sum(f)) or all(map(isfinite, f))):
             redo.append(i)
     if redo:
         xp = BACKEND.namespace(None)
@@ -92,14 +95,21 @@ def figures(pairs: list[tuple[torch.Tensor, torch.Tensor]], scaled: bool = True,
         for j, i in enumerate(redo):
             out[i] = vals[j * n : (j + 1) * n]
     measure = []
+    sqrt = math.sqrt
     for i, (d, _r) in enumerate(pairs):
         f = out[i]
-        eps, limit, floor = _bound_terms(d)
+        eps, limit, floor, smallest = _BOUND_TERMS.get(d.dtype) or _bound_terms(d)
         if not scaled or eps is None:
             f.append(df.NOT_MEASURED if not scaled else 0.0)
             continue
-        rms = df.reference_rms(f)
-        bound = error_bound(df.max_abs_err(f), rms, eps, floor) if _finite(f) else math.inf
+        # df.reference_rms, df.max_abs_err and scaled.error_bound written out: six frames a leaf, for
+        # a few float operations (a test holds the figure equal to error_bound's)
+        count = f[df.FINITE_COUNT]
+        rms = sqrt(max(f[df.REF_SQ], 0.0) / count) if count > 0 else 0.0
+        if isfinite(sum(f)) or all(map(isfinite, f)):
+            bound = (f[df.MAX_ABS] if count > 0 else 0.0) / max(rms * floor, smallest)
+        else:
+            bound = math.inf
         if not exact and limit is not None and bound <= limit:
             f.append(bound)
         else:
@@ -172,8 +182,9 @@ def _rows_with_evidence(cmp: OpComparison, out_figs: list[list[float]], all_deta
     in_stats = input_statistics(cmp.stat_tensors)
     evidence = _evidence(cmp, suspects)
     in_scale, biggest = 0.0, 1
-    biggest = max([leaf.numel for leaf in cmp.inputs if leaf.is_float and leaf.tensor] + [1])
-    for leaf in cmp.inputs:
+    inputs = input_leaves(cmp)
+    biggest = max([leaf.numel for leaf in inputs if leaf.is_float and leaf.tensor] + [1])
+    for leaf in inputs:
         if leaf.is_float and leaf.index >= 0:
             in_scale = max(in_scale, df.finite_abs_max(in_stats[leaf.index][0], in_stats[leaf.index][1]))
         elif leaf.is_float and not leaf.tensor:
@@ -199,7 +210,7 @@ def _rows_with_evidence(cmp: OpComparison, out_figs: list[list[float]], all_deta
             _fill_row(row, leaf, ev, verdict.floor)
         out_rows.append(row)
     in_rows: list[list[Any]] = []
-    for leaf, cells in zip(cmp.inputs, cmp.input_cells):
+    for leaf, cells in zip(inputs, cmp.input_cells):
         if leaf.index >= 0:
             stats = _mean_stats(in_stats[leaf.index])
             cells = [*cells[:6], *stats, *stats, *cells[12:]]

@@ -183,17 +183,27 @@ def bfloat16_as_float32(bits: np.ndarray) -> np.ndarray:
     return (bits.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
+def ordered_sum(rows: np.ndarray) -> float:
+    """The sum of a (m, P) float64 array in the order of the host kernels' partial sums (P a power
+    of two): column k is partial k, the elements k, k + P, ... added in index order (NumPy reduces
+    down a column row by row), and the P partials combined pairwise, ((p0 + p1) + (p2 + p3)) + ...
+    Laid out P to a row, element i of a flat array is in partial i % P; zeros padding the last row
+    leave a partial as it was (a partial sum from +0.0 is never -0.0)."""
+    p = np.add.reduce(rows, axis=0).tolist()
+    while len(p) > 1:
+        p = [p[j] + p[j + 1] for j in range(0, len(p), 2)]
+    return p[0]
+
+
 #: the partial sums of online_dispatch's one-pass figures (host_kernels.c's DP)
 DISPATCH_PARTIALS = 4
 
 
 def dispatch_parts(dev: np.ndarray, ref: np.ndarray) -> list[float]:
     """[r.r, r.d, d.d, max d, min d] of a flat float64 pair, d = dev - ref: online_dispatch's
-    figures in the order of host_kernels' one pass, so that a machine without a compiler prints
-    the figures of one with. Each sum is kept in DISPATCH_PARTIALS partial sums, element i added
-    to partial i % 4 in index order (NumPy reduces down a column in order; zeros pad the last row
-    and leave a partial as it was), and combined as (p0 + p1) + (p2 + p3). The max and min are
-    NaN where some d is."""
+    figures in the order of host_kernels' one pass (each sum an `ordered_sum` of DISPATCH_PARTIALS
+    partials), so that a machine without a compiler prints the figures of one with. The max and
+    min are NaN where some d is."""
     with np.errstate(all="ignore"):  # overflow and NaN are figures, not warnings in the user's output
         d = dev - ref
         top, low = float(d.max()), float(d.min())
@@ -201,8 +211,4 @@ def dispatch_parts(dev: np.ndarray, ref: np.ndarray) -> list[float]:
         if pad:
             d, ref = np.concatenate((d, np.zeros(pad))), np.concatenate((ref, np.zeros(pad)))
         r, d = ref.reshape(-1, DISPATCH_PARTIALS), d.reshape(-1, DISPATCH_PARTIALS)
-        sums = []
-        for products in (r * r, r * d, d * d):
-            p = np.add.reduce(products, axis=0).tolist()
-            sums.append((p[0] + p[1]) + (p[2] + p[3]))
-    return [*sums, top, low]
+        return [ordered_sum(r * r), ordered_sum(r * d), ordered_sum(d * d), top, low]

@@ -189,11 +189,6 @@ int all_equal_h16(const uint16_t *restrict a, const uint16_t *restrict b, ptrdif
 /* Integer and bool arrays: equal bytes. */
 int all_equal_bytes(const void *a, const void *b, size_t nbytes) { return memcmp(a, b, nbytes) == 0; }
 
-/* online_dispatch's figures of a device leaf and its float64 reference, in one pass and without a
- * float64 copy of the difference: out = [r.r, r.d, d.d, max d, min d] with d = (double)dev - ref.
- * The sums are kept in 4 partial sums, element i added to partial i % 4 in index order, combined
- * as (p0 + p1) + (p2 + p3): a fixed order (host_arrays.dispatch_parts gives it without a compiler).
- * Returns 1 when some d is NaN (the max and min are then NaN, as torch's). */
 /* float32 pairs widened to float64 (exact): CVTPS2PD on x86, which compilers do not find alone */
 #if defined(__SSE2__)
 static inline f64v low_pair(f32v x) { return (f64v)_mm_cvtps_pd((__m128)x); }
@@ -205,6 +200,14 @@ static inline f64v high_pair(f32v x) { return (f64v){x[2], x[3]}; }
 static inline f64v wide_f32(const float *p) { f32x2 v; memcpy(&v, p, sizeof v); return __builtin_convertvector(v, f64v); }
 #endif
 static inline f64v wide_f64(const double *p) { return load_f64(p); }
+
+/* n partial sums (a power of two) combined pairwise: ((p0 + p1) + (p2 + p3)) + ..., the order
+ * host_arrays.ordered_sum gives with NumPy */
+static inline double pairwise_sum(double *p, int n) {
+    for (int w = 1; w < n; w *= 2)
+        for (int j = 0; j < n; j += 2 * w) p[j] += p[j + w];
+    return p[0];
+}
 static inline double bf16_value(uint16_t h) { uint32_t b = (uint32_t)h << 16; float x; memcpy(&x, &b, sizeof x); return x; }
 #if defined(__SSE2__)
 static inline f64v wide_bf16(const uint16_t *p) { /* each bfloat16 into the upper half of a float32 */
@@ -220,6 +223,11 @@ static inline double one_f32(const float *p) { return *p; }
 static inline double one_f64(const double *p) { return *p; }
 static inline double one_bf16(const uint16_t *p) { return bf16_value(*p); }
 
+/* online_dispatch's figures of a device leaf and its float64 reference, in one pass and without a
+ * float64 copy of the difference: out = [r.r, r.d, d.d, max d, min d] with d = (double)dev - ref.
+ * The sums are kept in 4 partial sums, element i added to partial i % 4 in index order, combined
+ * as (p0 + p1) + (p2 + p3): a fixed order (host_arrays.dispatch_parts gives it without a compiler).
+ * Returns 1 when some d is NaN (the max and min are then NaN, as torch's). */
 enum { DU = 2, DP = 2 * DU };
 #define DISPATCH_PARTS(NAME, T, SFX)                                                           \
     int NAME(const T *dev, const double *ref, ptrdiff_t n, double *out) {                      \
@@ -262,7 +270,7 @@ enum { DU = 2, DP = 2 * DU };
             t = d > t ? d : t;                                                                 \
             l = d < l ? d : l;                                                                 \
         }                                                                                      \
-        for (int f = 0; f < 3; f++) out[f] = (sums[f][0] + sums[f][1]) + (sums[f][2] + sums[f][3]); \
+        for (int f = 0; f < 3; f++) out[f] = pairwise_sum(sums[f], DP);                        \
         out[3] = t;                                                                            \
         out[4] = l;                                                                            \
         return flags;                                                                          \
@@ -279,8 +287,6 @@ DISPATCH_PARTS(dispatch_parts_bf16, uint16_t, bf16)
  * Returns 1 when some element is NaN (the max and min are then NaN). */
 enum { GU = 4, GP = 2 * GU };
 
-static inline double grad_sum(const double *p) { return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7])); }
-
 /* the elements from i on, one by one, into the partials and extrema a vector loop left */
 #define GRAD_TAIL(T, SFX)                                                                      \
     for (int j = 0; i < n; i++, j++) {                                                         \
@@ -293,7 +299,7 @@ static inline double grad_sum(const double *p) { return ((p[0] + p[1]) + (p[2] +
     }                                                                                          \
     out[0] = t;                                                                                \
     out[1] = l;                                                                                \
-    out[2] = grad_sum(sums);                                                                   \
+    out[2] = pairwise_sum(sums, GP);                                                           \
     return flags;
 
 int grad_figures_f64(const double *g, ptrdiff_t n, uint8_t *signs, double *out) {

@@ -10,7 +10,7 @@ were a third of what add_noise added. online_dispatch measures each compared out
 float64 reference: the difference's extrema and three sums, in one pass instead of six, without
 a float64 copy of the difference (the sums in a fixed order of four partial sums, which
 host_arrays.dispatch_parts gives without a compiler). grad_probe takes each CPU gradient's max,
-min and sum of squares and writes its signs in one pass (the same order of sums;
+min and sum of squares and writes its signs in one pass (its sum in eight partial sums;
 host_figures.one_pass_figures without a compiler).
 
 The kernels (host_kernels.c) are C99 with GCC/Clang vector types, compiled with the system's C

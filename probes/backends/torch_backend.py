@@ -21,7 +21,7 @@ from probes.backends.base import BackendDefaults, bit_view_table, scaled_options
 from probes.backends.host_arrays import bound_figures, ratio_figures
 from probes.backends.host_arrays import scaled_figures as host_scaled_figures
 from probes.backends.torch_equality import host_equal
-from probes.backends.torch_rerun import GradOff, replayed
+from probes.backends.torch_rerun import GradOff, replayed, rng_state, set_rng_state
 from probes.core import metrics
 from probes.core.precision_raise import raised_dtype
 
@@ -57,10 +57,7 @@ for _name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnu
         _LOW_PRECISION.add(getattr(torch, _name))
 
 
-# torch.get_rng_state() / set_rng_state() are these two calls behind a Python function each
-_CPU_GENERATOR = torch.default_generator
 _max = torch._C.TensorBase.max
-_cuda_initialized = torch.cuda.is_initialized
 
 
 class TorchBackend(BackendDefaults):
@@ -334,14 +331,10 @@ class TorchBackend(BackendDefaults):
     def rng_snapshot(self, args: Any) -> Any:
         """Generator states before the original call, so the re-run draws the same numbers and
         the user's random stream continues exactly as without the probe."""
-        cuda = torch.cuda.get_rng_state() if _cuda_initialized() else None  # False without CUDA
-        return _CPU_GENERATOR.get_state(), cuda
+        return rng_state()
 
     def rng_restore(self, snapshot: Any) -> None:
-        cpu, cuda = snapshot
-        _CPU_GENERATOR.set_state(cpu)
-        if cuda is not None:
-            torch.cuda.set_rng_state(cuda)
+        set_rng_state(snapshot)
 
     def rank(self) -> int:
         """Global rank: the process group's; before ``init_process_group``, the ``RANK`` that

@@ -1,7 +1,7 @@
 """The host arrays' C kernels (host_kernels.py) on plain CPU tensors' memory, by address.
 
-A checked call's perturbation, and its output pair's equality, ratio figures or scaled bound, run
-here first: no NumPy view, no detach, no tensor made back from an array (those cost ~10 us a call
+A checked call's perturbation, and its output pair's equality, ratio figures or scaled bound, and
+online_dispatch's figures of a compared output, run here first: no NumPy view, no detach, no tensor made back from an array (those cost ~10 us a call
 around a ~10 us kernel), and no size limit below torch's own kernels' (one pass over the elements
 beats torch's several at any size a call's output has on one thread). A tensor the kernels cannot walk (another device, a
 subclass, a transform's wrapper, gaps in its memory, the kernels not built) gets None: the caller
@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
-from probes.backends import host_kernels
+from probes.backends import host_arrays, host_kernels
 from probes.backends.torch_host import plain_cpu, plain_cpu_pair
 from probes.backends.torch_xp import root_mean_square
 
@@ -24,6 +25,8 @@ KERNEL_MAX_ELEMENTS = 1 << 22
 _FLOAT_DTYPES = frozenset({torch.float32, torch.float64})
 _EQUAL_KINDS = {torch.float32: "f32", torch.float64: "f64", torch.float16: "f16", torch.bfloat16: "bf16",
                 **{t: "bytes" for t in (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)}}
+# online_dispatch's leaves the one pass reads (dispatch_parts), by the kernel's name for their dtype
+_PARTS_KINDS = {torch.float32: "f32", torch.float64: "f64", torch.bfloat16: "bf16"}
 _BIT_WIDTHS = {torch.float16: 2, torch.bfloat16: 2, torch.float32: 4, torch.float64: 8}
 
 # torch's C methods: while a probe runs, the Python-level names are its pass-through wrappers
@@ -77,6 +80,31 @@ def all_equal(a: Any, b: Any) -> bool | None:
         return None
     first, second, n = where
     return host_kernels.all_equal(kind, first, second, n * a.element_size() if kind == "bytes" else n)
+
+
+def dispatch_parts(dev: Any, ref: Any) -> list[float] | None:
+    """online_dispatch's [r.r, r.d, d.d, max d, min d] (host_arrays.dispatch_parts) of a flat
+    float32, float64 or bfloat16 CPU leaf and its float64 reference, both contiguous, in one pass
+    by address (NumPy's passes in the same order without the kernels); a zero extremum is +0.0
+    on both paths. None for a pair it does not read: another dtype or device, a subclass, gaps
+    in memory, past KERNEL_MAX_ELEMENTS."""
+    kind = _PARTS_KINDS.get(dev.dtype)
+    if kind is None or ref.dtype is not torch.float64 or not 0 < dev.shape[0] <= KERNEL_MAX_ELEMENTS \
+            or not (_is_contiguous(dev) and _is_contiguous(ref) and plain_cpu_pair(dev, ref)):
+        return None
+    try:
+        parts = host_kernels.dispatch_parts(kind, _data_ptr(dev), _data_ptr(ref), dev.shape[0])
+    except RuntimeError:  # no storage (a transform's tensor that passed for plain)
+        return None
+    if parts is None:
+        if kind == "bf16":
+            wide = host_arrays.bfloat16_as_float32(_detach(dev).view(torch.int16).numpy())
+        else:
+            wide = _detach(dev).numpy()
+        parts = host_arrays.dispatch_parts(wide.astype(np.float64), _detach(ref).numpy())
+    parts[3] += 0.0
+    parts[4] += 0.0
+    return parts
 
 
 def _pair(a: Any, b: Any, dtypes: Any) -> tuple[int, int, int] | None:

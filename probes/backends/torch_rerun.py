@@ -3,7 +3,9 @@ random generators at the state the call drew from, put back afterwards (`replaye
 
 Every checked call of free_benchmark makes one. replay.replay writes it over the backend's
 methods (rng_snapshot, rng_restore, no_grad and its context), eight Python frames around the
-re-run; `replayed` takes the same steps in the same order in one.
+re-run; `replayed` takes the same steps in the same order in three. The generator state is read
+and set here only (`rng_state`, `set_rng_state`): the backend's rng_snapshot and rng_restore are
+these.
 """
 
 from __future__ import annotations
@@ -31,16 +33,27 @@ class GradOff:
             _set_grad_enabled(True)
 
 
-def replayed(snapshot: Any, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-    """replay.replay(TorchBackend, snapshot, fn, args, kwargs): `fn(*args, **kwargs)` with grad
-    mode off and the generators at `snapshot` (the backend's rng_snapshot before the call), the
-    generators put back afterwards whatever happens."""
-    cuda_after = torch.cuda.get_rng_state() if _cuda_initialized() else None  # rng_snapshot's order
-    after = _CPU_GENERATOR.get_state()
-    cpu, cuda = snapshot
+def rng_state() -> tuple[Any, Any]:
+    """The generators' states (the CPU one and CUDA's, None where CUDA was never initialised): what
+    a re-run starts from to draw the numbers its call drew, and what the user's stream is put
+    back to afterwards."""
+    cuda = torch.cuda.get_rng_state() if _cuda_initialized() else None
+    return _CPU_GENERATOR.get_state(), cuda
+
+
+def set_rng_state(state: tuple[Any, Any]) -> None:
+    cpu, cuda = state
     _CPU_GENERATOR.set_state(cpu)
     if cuda is not None:
         torch.cuda.set_rng_state(cuda)
+
+
+def replayed(snapshot: Any, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    """replay.replay(TorchBackend, snapshot, fn, args, kwargs): `fn(*args, **kwargs)` with grad
+    mode off and the generators at `snapshot` (rng_state before the call), the generators put
+    back afterwards whatever happens."""
+    after = rng_state()
+    set_rng_state(snapshot)
     try:
         grad = _grad_enabled()
         if grad:
@@ -51,9 +64,7 @@ def replayed(snapshot: Any, fn: Callable[..., Any], args: tuple, kwargs: dict) -
             if grad:
                 _set_grad_enabled(True)
     finally:
-        _CPU_GENERATOR.set_state(after)
-        if cuda_after is not None:
-            torch.cuda.set_rng_state(cuda_after)
+        set_rng_state(after)
 
 
 _grad_enabled = torch.is_grad_enabled

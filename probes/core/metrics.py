@@ -85,7 +85,7 @@ class RatioVerdict:
     def consistent(self, threshold: float) -> bool:
         if self.symbol_flipping or self.nan_mismatch or self.inf_mismatch:
             return False
-        return 1.0 / threshold <= self.ratio <= threshold
+        return ratio_within(self.ratio, threshold)
 
     @property
     def max_rel(self) -> float | str:
@@ -117,9 +117,19 @@ def finish_ratio(reductions: list[float], tol: float) -> RatioVerdict:
     rmax, rmin, prod_min = reductions[0], reductions[1], reductions[2]
     nan_mm = len(reductions) > 3 and reductions[3] > 0
     inf_mm = len(reductions) > 4 and reductions[4] > 0
-    ratio = max(rmax, 1.0 / rmin if rmin > 0 else math.inf)
-    flipped = prod_min < -(tol * tol)
+    ratio, flipped = ratio_and_flip(rmax, rmin, prod_min, tol)
     return RatioVerdict(ratio=ratio, symbol_flipping=flipped, nan_mismatch=nan_mm, inf_mismatch=inf_mm)
+
+
+def ratio_and_flip(rmax: float, rmin: float, prod_min: float, tol: float) -> tuple[float, bool]:
+    """The ratio rule's two findings from its reductions: the ratio (the larger of the largest
+    ratio and the inverse of the smallest) and whether a sign flipped (min a*b below -tol^2)."""
+    return max(rmax, 1.0 / rmin if rmin > 0 else math.inf), prod_min < -(tol * tol)
+
+
+def ratio_within(ratio: float, threshold: float) -> bool:
+    """Whether a ratio lies in the rule's band [1 / threshold, threshold]."""
+    return 1.0 / threshold <= ratio <= threshold
 
 
 @dataclass(frozen=True)

@@ -215,7 +215,7 @@ def ratio_at_once(backend: Any, original: Any, perturbed: Any, *, pert_mode: str
         return None
     if not (backend.is_tensor(original) and backend.is_tensor(perturbed)):
         return None
-    tol, threshold, low, shown, dtype_repr = _ratio_facts(backend, original, perturbed, pert_mode, tolerance)
+    tol, threshold, shown, dtype_repr = _ratio_facts(backend, original, perturbed, pert_mode, tolerance)
     kernel = getattr(backend, "kernel_ratio_figures", None)
     figures = None if kernel is None else kernel(original, perturbed, tol)
     if figures is None:
@@ -231,10 +231,9 @@ def ratio_at_once(backend: Any, original: Any, perturbed: Any, *, pert_mode: str
         return None
     if len(figures) != 3:
         return [_ratio_verdict(backend, (), original, figures, tol, pert_mode)]
-    # _ratio_verdict of finite figures (metrics.finish_ratio and RatioVerdict, without their objects)
-    ratio = max(rmax, 1.0 / rmin)
-    flipped = figures[2] < -(tol * tol)
-    consistent = False if flipped else low <= ratio <= threshold
+    # _ratio_verdict of finite figures: the rule's functions (metrics), without RatioVerdict's object
+    ratio, flipped = metrics.ratio_and_flip(rmax, rmin, figures[2], tol)
+    consistent = False if flipped else metrics.ratio_within(ratio, threshold)
     return [LeafVerdict((), original, consistent, "symbol_flipping" if flipped else ratio - 1.0, shown,
                         math.inf if flipped else ratio, dtype_repr, backend.shape_repr(original),
                         {"ratio": ratio, "symbol_flipping": flipped, "nan_mismatch": False, "inf_mismatch": False,
@@ -242,8 +241,8 @@ def ratio_at_once(backend: Any, original: Any, perturbed: Any, *, pert_mode: str
 
 
 def _ratio_facts(backend: Any, original: Any, perturbed: Any, pert_mode: str,
-                 tolerance: float | None) -> tuple[float, float, float, float, str]:
-    """(clamp floor, T, 1 / T, T - 1 as shown, original's dtype repr) of a ratio verdict: the same
+                 tolerance: float | None) -> tuple[float, float, float, str]:
+    """(clamp floor, T, T - 1 as shown, original's dtype repr) of a ratio verdict: the same
     for every call of a pair of dtypes, so worked out once (ratio_at_once runs on every call)."""
     key = (backend, backend.dtype_name(original), backend.dtype_name(perturbed), pert_mode, tolerance)
     facts = _RATIO_FACTS.get(key)
@@ -251,13 +250,12 @@ def _ratio_facts(backend: Any, original: Any, perturbed: Any, pert_mode: str,
         _backend, name, perturbed_name, _mode, _tol = key
         tol = tolerance if tolerance is not None else th.forward_tolerance(perturbed_name)
         threshold = th.ratio_threshold(name, pert_mode)
-        facts = _RATIO_FACTS[key] = (tol, threshold, 1.0 / threshold, round(threshold - 1.0, 12),
-                                     backend.dtype_repr(original))
+        facts = _RATIO_FACTS[key] = (tol, threshold, round(threshold - 1.0, 12), backend.dtype_repr(original))
     return facts
 
 
 # (backend, original's dtype name, perturbed's, mode, tolerance) -> _ratio_facts
-_RATIO_FACTS: dict[tuple[Any, str, str, str, float | None], tuple[float, float, float, float, str]] = {}
+_RATIO_FACTS: dict[tuple[Any, str, str, str, float | None], tuple[float, float, float, str]] = {}
 
 
 # (backend, original's dtype name, perturbed's, tolerance, mode, rule, stage) -> an equal float

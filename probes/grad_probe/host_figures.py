@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from probes.backends import host_kernels
+from probes.backends.host_arrays import ordered_sum
 from probes.grad_probe.stats import Bound
 
 __all__ = ["HOST_FIGURES_ELEMENTS", "SQUARE_PARTIALS", "Squares", "histogram", "host_figures", "one_pass_figures"]
@@ -111,8 +112,7 @@ def one_pass_figures(views: Sequence[np.ndarray]) -> tuple[list[list[float]], np
 
 def _figures_in_order(views: Sequence[np.ndarray], signs: np.ndarray) -> list[list[float]]:
     """one_pass_figures' rows by NumPy, writing the signs: the squares laid out eight to a row,
-    each view from a row of its own (zeros after it leave a partial sum as it was), and summed
-    down the columns, which NumPy does row by row: partial i % 8 in index order."""
+    each view from a row of its own, each view's rows summed by host_arrays.ordered_sum."""
     starts, rows_at = [], [0]
     total = 0
     for v in views:
@@ -130,6 +130,5 @@ def _figures_in_order(views: Sequence[np.ndarray], signs: np.ndarray) -> list[li
             np.square(v.reshape(-1), out=cells[at * SQUARE_PARTIALS : at * SQUARE_PARTIALS + v.size], dtype=np.float64)
         out = []
         for i in range(len(views)):
-            p = np.add.reduce(squares[rows_at[i] : rows_at[i + 1]], axis=0).tolist()
-            out.append([top[i], bottom[i], math.sqrt(((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7])))])
+            out.append([top[i], bottom[i], math.sqrt(ordered_sum(squares[rows_at[i] : rows_at[i + 1]]))])
     return out

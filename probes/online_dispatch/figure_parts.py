@@ -4,7 +4,7 @@ formulas allow.
 This runs for every output of every compared op, so on a model of small tensors the cost of a
 call (a few microseconds in Python) weighs as much as its arithmetic. A float32, float64 or
 bfloat16 leaf on the CPU, contiguous, with its float64 reference, is read once by a C kernel
-(host_kernels' dispatch parts: the difference, its extrema and three sums, without writing a
+(torch_kernels.dispatch_parts: the difference, its extrema and three sums, without writing a
 float64 difference, which cost more than reading either side), its sums kept in a fixed order
 (four partial sums) that NumPy reproduces where no compiler is found. Other leaves pay five torch
 calls (the float64 difference, three dot products, one pass for the largest and smallest
@@ -24,12 +24,10 @@ elements: 0.86 ms per leaf batched, 0.04 ms per op).
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
-from probes.backends import host_arrays, host_kernels
+from probes.backends import torch_kernels
 from probes.backends.torch_backend import BACKEND
-from probes.backends.torch_host import plain_cpu_pair
 from probes.core import dispatch_figures as df
 
 _F64 = torch.float64
@@ -37,37 +35,6 @@ _F64 = torch.float64
 _PROMOTING = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 # from this many elements on, the difference is taken as a cast then a same-dtype subtraction
 _WIDEN_APART = 4096
-# the leaves the one pass reads, by the kernel's name for their dtype; past ONE_PASS_MAX elements
-# torch's chunked, multi-threaded passes may be the faster
-_ONE_PASS = {torch.float32: "f32", torch.float64: "f64", torch.bfloat16: "bf16"}
-ONE_PASS_MAX = 1 << 22
-_T = torch._C.TensorBase
-_data_ptr, _is_contiguous, _detach = _T.data_ptr, _T.is_contiguous, _T.detach
-
-
-def one_pass_parts(dev: torch.Tensor, ref: torch.Tensor) -> list[float] | None:
-    """host_arrays.dispatch_parts of a flat pair in one pass by address (NumPy's passes in the
-    same order without the kernels), or None for a pair it does not read: another dtype or
-    device, a subclass, gaps in memory, past ONE_PASS_MAX elements."""
-    kind = _ONE_PASS.get(dev.dtype)
-    if kind is None or ref.dtype is not _F64 or not 0 < dev.shape[0] <= ONE_PASS_MAX \
-            or not (_is_contiguous(dev) and _is_contiguous(ref) and plain_cpu_pair(dev, ref)):
-        return None
-    try:
-        parts = host_kernels.dispatch_parts(kind, _data_ptr(dev), _data_ptr(ref), dev.shape[0])
-    except RuntimeError:  # no storage (a transform's tensor that passed for plain)
-        return None
-    if parts is None:
-        if kind == "bf16":
-            wide = host_arrays.bfloat16_as_float32(_detach(dev).view(torch.int16).numpy())
-        else:
-            wide = _detach(dev).numpy()
-        parts = host_arrays.dispatch_parts(wide.astype(np.float64), _detach(ref).numpy())
-    parts[3] += 0.0  # either zero may be the extremum: +0.0 on both paths
-    parts[4] += 0.0
-    return parts
-
-
 def _parts(dev: torch.Tensor, ref: torch.Tensor) -> list[torch.Tensor]:
     """[ref.ref, ref.diff, diff.diff, max diff, min diff] of a flat pair, 0-d float64 tensors."""
     if ref.dtype is not _F64:
@@ -92,7 +59,7 @@ def leaf_figures(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[list[fl
         if r.dim() != 1:
             r = r.reshape(-1)
         numel = d.shape[0]
-        parts = one_pass_parts(d, r)
+        parts = torch_kernels.dispatch_parts(d, r)
         if parts is not None:
             figs = df.figures_of_sums(parts, numel)
             figs[df.MAX_ABS] += 0.0

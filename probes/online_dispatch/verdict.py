@@ -19,7 +19,7 @@ from probes.core import dispatch_figures as df
 from probes.core import dispatch_metrics as dm
 from probes.core import rules
 from probes.core.metrics import finish_single_benchmark
-from probes.core.scaled import row_floor, scaled_threshold_for_eps, smallest_scale
+from probes.core.scaled import error_bound, row_floor, scaled_threshold_for_eps
 from probes.core.thresholds import (
     FLOAT_DTYPES,
     MACHINE_EPS,
@@ -45,19 +45,25 @@ def _eps(t: torch.Tensor) -> float | None:
     return MACHINE_EPS.get(BACKEND.dtype_name(t), torch.finfo(t.dtype).eps)
 
 
-# device dtype -> (machine epsilon, scaled limit, row floor, smallest scale) for the scaled bound;
-# looked up for every output leaf, so worked out once per dtype
-_BOUND_TERMS: dict[torch.dtype, tuple[float | None, float | None, float, float]] = {}
+# device dtype -> (machine epsilon, scaled limit, row floor) for the scaled bound; looked up for
+# every output leaf, so worked out once per dtype
+_BOUND_TERMS: dict[torch.dtype, tuple[float | None, float | None, float]] = {}
 
 
-def _bound_terms(t: torch.Tensor) -> tuple[float | None, float | None, float, float]:
+def _bound_terms(t: torch.Tensor) -> tuple[float | None, float | None, float]:
     terms = _BOUND_TERMS.get(t.dtype)
     if terms is None:
         eps = _eps(t)
         limit = dispatch_scaled_threshold(BACKEND.dtype_name(t))
         floor = row_floor(eps, scaled_threshold_for_eps(eps)) if eps is not None else 0.0
-        terms = _BOUND_TERMS[t.dtype] = (eps, limit, floor, smallest_scale(eps) if eps is not None else 0.0)
+        terms = _BOUND_TERMS[t.dtype] = (eps, limit, floor)
     return terms
+
+
+def _finite(f: list[float]) -> bool:
+    """Every figure finite (df.needs_masked_pass's test), by their sum first: one call where
+    the usual leaf is finite; a sum that overflows is checked figure by figure."""
+    return math.isfinite(sum(f)) or all(map(math.isfinite, f))
 
 
 def figures(pairs: list[tuple[torch.Tensor, torch.Tensor]], scaled: bool = True,
@@ -77,7 +83,6 @@ def figures(pairs: list[tuple[torch.Tensor, torch.Tensor]], scaled: bool = True,
     n = df.FIGURE_COUNT
     out = figure_parts.leaf_figures(pairs)
     redo = []
-    isfinite = math.isfinite
     for i, (d, r) in enumerate(pairs):
         f = out[i]
         if may_overflow(d, r, f[df.REF_SQ]):
@@ -85,9 +90,7 @@ def figures(pairs: list[tuple[torch.Tensor, torch.Tensor]], scaled: bool = True,
             if mapped is not r:  # the rows and dumps show the reference as measured
                 pairs[i] = (d, mapped)
                 f = out[i] = figure_parts.leaf_figures([(d, mapped)])[0]
-        # every figure finite (df.needs_masked_pass's test), by their sum first: one call where the
-        # usual leaf is finite; a sum that overflows is checked figure by figure
-        if not (isfinite(sum(f)) or all(map(isfinite, f))):
+        if not _finite(f):
             redo.append(i)
     if redo:
         xp = BACKEND.namespace(None)
@@ -95,21 +98,14 @@ def figures(pairs: list[tuple[torch.Tensor, torch.Tensor]], scaled: bool = True,
         for j, i in enumerate(redo):
             out[i] = vals[j * n : (j + 1) * n]
     measure = []
-    sqrt = math.sqrt
     for i, (d, _r) in enumerate(pairs):
         f = out[i]
-        eps, limit, floor, smallest = _BOUND_TERMS.get(d.dtype) or _bound_terms(d)
+        eps, limit, floor = _BOUND_TERMS.get(d.dtype) or _bound_terms(d)
         if not scaled or eps is None:
             f.append(df.NOT_MEASURED if not scaled else 0.0)
             continue
-        # df.reference_rms, df.max_abs_err and scaled.error_bound written out: six frames a leaf, for
-        # a few float operations (a test holds the figure equal to error_bound's)
-        count = f[df.FINITE_COUNT]
-        rms = sqrt(max(f[df.REF_SQ], 0.0) / count) if count > 0 else 0.0
-        if isfinite(sum(f)) or all(map(isfinite, f)):
-            bound = (f[df.MAX_ABS] if count > 0 else 0.0) / max(rms * floor, smallest)
-        else:
-            bound = math.inf
+        rms = df.reference_rms(f)
+        bound = error_bound(df.max_abs_err(f), rms, eps, floor) if _finite(f) else math.inf
         if not exact and limit is not None and bound <= limit:
             f.append(bound)
         else:

@@ -127,15 +127,15 @@ def test_rows_of_a_passing_and_a_failing_op(tmp_path):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
 @pytest.mark.parametrize("numel", [1, 7, 300])
 def test_the_scaled_bound_written_out_is_scaled_error_bound(dtype, numel):
-    """verdict.figures writes out df.reference_rms, df.max_abs_err and scaled.error_bound for the
-    usual leaf: the same float, bit for bit, as the core's functions give (a zero leaf too)."""
+    """verdict.figures' scaled bound for the usual leaf is the core's df.reference_rms,
+    df.max_abs_err and scaled.error_bound, bit for bit (a zero leaf too)."""
     from probes.core.scaled import error_bound
 
     torch.manual_seed(numel)
     for ref in (torch.randn(numel, dtype=torch.float64) * 3, torch.zeros(numel, dtype=torch.float64)):
         dev = ref.to(dtype)  # rounding alone: the bound is within the limit and stands as the figure
         (f,) = verdict.figures([(dev, ref)])
-        eps, limit, floor, _smallest = verdict._bound_terms(dev)
+        eps, limit, floor = verdict._bound_terms(dev)
         bound = error_bound(df.max_abs_err(f), df.reference_rms(f), eps, floor)
         assert bound <= limit and f[df.SCALED] == bound
 

@@ -125,6 +125,15 @@ def dispatch_parts(kind: str, dev: int, ref: int, n: int) -> list[float] | None:
     return parts
 
 
+def dispatch_parts_addresses() -> tuple[int, int, int] | None:
+    """The addresses of dispatch_parts' float32, float64 and bfloat16 functions (for the reference
+    runner, which calls the same machine code off the GIL), or None without kernels."""
+    if kernels() is None:
+        return None
+    parts = _state["parts"]
+    return tuple(ctypes.cast(parts[kind], ctypes.c_void_p).value for kind in ("f32", "f64", "bf16"))
+
+
 def grad_figures(itemsize: int, g: int, n: int, signs: int) -> list[float] | None:
     """[max, min, sum of squares] of n float32 (itemsize 4) or float64 (8) gradient elements at `g`
     (the squares in float64, summed in the order host_figures.one_pass_figures gives; NaN max and
@@ -198,7 +207,7 @@ def _load() -> tuple[Any, str | None]:
                                      if hasattr(os, "uname") else b""])).hexdigest()[:16]
     name = f"host_kernels-{key}.so"
     try:
-        target = _build(compiler, _cache_folder(), name)
+        target = _build(compiler, cache_folder(), name)
         lib = None if isinstance(target, str) else ctypes.CDLL(str(target))
     except OSError:  # no writable cache folder (a read-only home), or a cached build this machine
         # cannot load (a home shared with another system): a private folder of this process
@@ -248,6 +257,7 @@ def _compiler() -> list[str] | None:
     return None
 
 
-def _cache_folder() -> Path:
+def cache_folder() -> Path:
+    """Where the probes keep what they compile (shared by processes and xdist workers)."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "pytest-msprobe"

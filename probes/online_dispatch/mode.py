@@ -27,13 +27,11 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from probes.backends import torch_memory
 from probes.backends.torch_backend import BACKEND, GradOff
 from probes.compiled import capture
-from probes.compiled import runs as graph_runs
 from probes.core.file_names import dispatch_csv_name
 from probes.online_dispatch import leaf_pairs, reference, skip_list, verdict
 from probes.online_dispatch.call_scan import ProbeSide, other_modes_on, scan
 from probes.online_dispatch.call_stack import capture_stack
-from probes.online_dispatch.graph_ops import GraphBackwardOp, GraphInfo, GraphOp, watch_backward
-from probes.online_dispatch.graph_reports import graph_entry
+from probes.online_dispatch.graph_calls import GraphCalls
 from probes.online_dispatch.jobs import (
     SKIPPED,
     Job,
@@ -44,6 +42,7 @@ from probes.online_dispatch.jobs import (
     written_devices,
     written_pairs,
 )
+from probes.online_dispatch.native_jobs import NativeJudging, NativeQueue, distributed_run
 from probes.online_dispatch.op_info import OpInfo, dispatching_subclass, has_dtensor
 from probes.online_dispatch.options import DispatchOptions
 from probes.online_dispatch.outcomes import record_outcome
@@ -61,9 +60,10 @@ from probes.online_dispatch.workers import (
 )
 
 logger = logging.getLogger("probes.online_dispatch")
+_RUN = object()  # _prepare: run the reference here
 
 
-class OnlineDispatchMode(TorchDispatchMode):
+class OnlineDispatchMode(GraphCalls, NativeJudging, TorchDispatchMode):
     """Compare every aten op run inside the context with a CPU reference (see module docstring).
 
     Under torch.compile the mode lets Dynamo compile (``ignore_compile_internals``): the compiled
@@ -97,6 +97,15 @@ class OnlineDispatchMode(TorchDispatchMode):
         self._graph_calls: dict[str, int] = {}  # calls of each compiled graph seen
         self._auto_thread: bool | None = None  # background="auto": whether the thread can overlap here
         self._inline_costs = InlineCosts()  # background="auto": what op kinds took inline
+        # background="auto" on a host that can overlap: ops re-run on the reference runner's native
+        # thread (native_jobs) once it is built; _in_flight is its queue's deque (or an empty one)
+        self._native: NativeQueue | None = None
+        self._native_wanted = False
+        # whether the runner may read the user's tensors (cast the inputs, measure the outputs) or
+        # only the probe's private copies (native_jobs: a distributed engine frees memory outside
+        # the dispatcher, FSDP's storage resizes)
+        self._runner_reads_user = True
+        self._in_flight: Any = ()
 
     # context --------------------------------------------------------------------------------------
     def __enter__(self) -> OnlineDispatchMode:
@@ -112,6 +121,9 @@ class OnlineDispatchMode(TorchDispatchMode):
             self._pool_finalizer = weakref.finalize(self, self._pool.close)
         elif self._pool is None and self._depth == 0 and self.options.background is True:
             self._start_thread()
+        elif self._depth == 0 and self.options.background == "auto" and self.options.process_num == 0:
+            self._native_wanted = use_reference_thread("auto")
+            self._runner_reads_user = not distributed_run()
         if self._depth == 0:
             capture.install(self)
             self._torchscript = aside_for_torchscript(self)
@@ -127,8 +139,8 @@ class OnlineDispatchMode(TorchDispatchMode):
                 capture.uninstall(self)
                 put_back(getattr(self, "_torchscript", ()))
                 self._torchscript = ()
-                if self._threaded:
-                    self.close()  # a thread is cheap to start again; no idle thread outlives the context
+                if self._threaded or self._native is not None:
+                    self.close()  # a Python thread is cheap to start again; none outlives the context
                 else:
                     self.flush()
 
@@ -143,7 +155,7 @@ class OnlineDispatchMode(TorchDispatchMode):
         where the host can overlap), or any op while earlier ones are still in flight there (ops
         are judged in order, and only one thread numbers them)."""
         background = self.options.background
-        if self.options.process_num > 0 or background is False:
+        if self.options.process_num > 0 or background is False or self._native is not None:
             return False, None
         if background is True:
             return True, None
@@ -171,10 +183,12 @@ class OnlineDispatchMode(TorchDispatchMode):
             if self._pool is not None:
                 self._pool = None
                 self._pool_finalizer()
+            self._native, self._in_flight = None, ()  # (the runner's thread is the process's, idle now)
 
     def flush(self) -> None:
         """Judge pending ops, flush the CSV and write summary.json (also after an exception)."""
         try:
+            self._drain_native()
             if self._pool is not None:
                 self._pool.drain()
         finally:
@@ -201,12 +215,15 @@ class OnlineDispatchMode(TorchDispatchMode):
         info = self._infos.get(id(func))
         if info is None:  # a new overload (higher-order operators are never cached: they come here each time)
             if isinstance(func, torch._ops.HigherOrderOperator):
+                self._drain_native()  # it may write anything
                 key = (skip_list.HIGHER_ORDER, func.name())
                 self.results.skipped[key] = self.results.skipped.get(key, 0) + 1
                 with _disable_current_modes():
                     return func(*args, **kwargs)
             info = self._infos[id(func)] = OpInfo(func)
             self._overloads.append(func)
+        if self._in_flight and info.mutates:  # the ops in flight read their outputs: judged before any write
+            self._drain_native()
         reason = info.skip
         if info.per_call is not None:  # attention's dropout, _to_copy's FP8 casts: the call decides
             reason = info.per_call(args, kwargs)
@@ -236,50 +253,6 @@ class OnlineDispatchMode(TorchDispatchMode):
             return func(*args, **kwargs)
         return self._check(func, info, device, args, kwargs, nbytes=nbytes)
 
-    def graph_call(self, graph: Any, args: tuple, kwargs: dict) -> Any:
-        """A compiled graph's call (capture.GraphChecker): its kernels run with no dispatch mode
-        (the graph is compared as a whole, not its runtime's operators one by one)."""
-        with _disable_current_modes():
-            counts = self._graph_calls
-            index = counts[graph.name] = counts.get(graph.name, 0) + 1
-            options = self.options
-            if not graph_runs.sampled(index - 1, options.compiled_first, options.compiled_every):
-                if graph.name in self.results.graphs:
-                    self.results.graphs[graph.name].calls = index
-                return graph.compiled(*args, **kwargs)
-            func, info = GraphOp(graph), GraphInfo(graph)
-            entry = graph_entry(self.results, graph)
-            entry.calls, entry.sampled = index, entry.sampled + 1
-            if info.skip is not None:
-                entry.not_checked = info.skip
-                key = (info.skip, func)
-                self.results.skipped[key] = self.results.skipped.get(key, 0) + 1
-                return graph.compiled(*args, **kwargs)
-            device = reference.device_under_test(args, kwargs) or reference.CPU
-            entry.checked += 1
-            out = self._check(func, info, device, args, kwargs, float64=True)
-            try:
-                watch_backward(graph, args, kwargs, out, self._compare_backward, self._skip_backward)
-            except Exception as exc:  # the forward's verdict stands; only its backward goes unchecked
-                self.results.add_error(str(func), "watching the backward", exc)
-            return out
-
-    def _compare_backward(self, op: GraphBackwardOp, args: tuple) -> None:
-        """A sampled graph call's backward, reached by the user's backward pass: its compiled
-        gradients against the eager program's float64 gradients (graph_ops)."""
-        if self._depth == 0:  # the backward ran after the context closed: its rows have been written
-            return
-        with _disable_current_modes():
-            try:
-                device = reference.device_under_test(args, {}) or reference.CPU
-                self._check(op, op.info(), device, args, {}, float64=True)
-            except Exception as exc:  # never raised into the user's backward pass
-                self.results.add_error(str(op), "comparing the backward", exc)
-
-    def _skip_backward(self, reason: str, op: GraphOp) -> None:
-        key = (reason, str(op))  # by name: the op objects are per call
-        self.results.skipped[key] = self.results.skipped.get(key, 0) + 1
-
     def _check(self, func: Any, info: OpInfo, device: torch.device, args: tuple, kwargs: dict,
                float64: bool = False, nbytes: int | None = None) -> Any:
         results = self.results
@@ -295,6 +268,14 @@ class OnlineDispatchMode(TorchDispatchMode):
         # see the user's op only, as without the probe
         # (grad mode off as well: the copies, the re-run and the figures record no autograd history)
         side = ProbeSide(other_modes_on())
+        if (self._native is not None and self._runner_reads_user and not float64 and device is reference.CPU
+                and info.native != -1):
+            # the reference runner makes the host copies itself, after the op (which writes none
+            # of its arguments), off this thread (_judge makes them here if the runner declines)
+            out = func(*args, **kwargs)
+            with side:
+                self._judge(func, info, device, None, args, kwargs, out)
+            return out
         try:
             with side:
                 # pristine copies of written arguments: their input rows and dumps show what the op received
@@ -315,6 +296,21 @@ class OnlineDispatchMode(TorchDispatchMode):
         job = Job(func, info, device, ref, args, kwargs, None)
         try:
             void = out is None or (isinstance(out, tuple) and not out)
+            native = self._native
+            if native is None and self._native_wanted:
+                native = self._start_native()
+            if native is not None:
+                if not void and native.take(job, out):
+                    return
+                if ref is None and not self._copy_here(job):
+                    return
+                if not void and not info.mutates:  # judged in its turn, the ops in flight not waited for
+                    if info.on_host is not func:  # a reference written in Python (attention's): on the runner
+                        native.call(job, out)
+                    else:  # a custom op (its kernel may be Python): its reference now
+                        native.hold(job, out, self._reference_now(job))
+                    return
+                native.drain()  # ops are judged in the order they ran
             written = written_devices(info, args, kwargs) if void else None
             threaded, kind = self._hand_off(func, out)
             pool = self._pool
@@ -340,7 +336,8 @@ class OnlineDispatchMode(TorchDispatchMode):
         except Exception as exc:  # recorded in the op's row and the summary, never raised
             self._finish_job(job, exc)
 
-    def _prepare(self, job: Job, out: Any, written: list[Any] | None) -> Skipped | ReferenceFailed | None:
+    def _prepare(self, job: Job, out: Any, written: list[Any] | None,
+                 ref_out: Any = _RUN) -> Skipped | ReferenceFailed | None:
         """Number the op, run the CPU reference and pair its results with the device's (into
         job.cmp). Inline, or in the reference thread, which then owns the numbering: ops are
         numbered in the order they ran either way, so the CSV does not depend on timing. Called
@@ -357,11 +354,12 @@ class OnlineDispatchMode(TorchDispatchMode):
         leaf_pairs.collect_inputs(cmp, job.args, job.kwargs,
                                   ref.pristine_args if ref.pristine_args is not None else ref.args,
                                   ref.pristine_kwargs if ref.pristine_kwargs is not None else ref.kwargs)
-        try:
-            ref_out = info.on_host(*ref.args, **ref.kwargs)
-        except Exception as exc:
-            self._no_cpu_kernel.add(job.func)
-            return ReferenceFailed(exc)
+        if ref_out is _RUN:  # (given: the reference runner's)
+            try:
+                ref_out = info.on_host(*ref.args, **ref.kwargs)
+            except Exception as exc:
+                self._no_cpu_kernel.add(job.func)
+                return ReferenceFailed(exc)
         pairs = written_pairs(info, written, ref) if written is not None else None
         leaf_pairs.collect_outputs(cmp, out, ref_out, pairs)
         return None

@@ -39,7 +39,7 @@ class OpInfo:
     """What the mode needs about one overload, computed once."""
 
     __slots__ = ("api", "overload", "half_to_float", "written", "skip", "on_host", "per_call", "chained", "name",
-                 "rounded_once")
+                 "rounded_once", "mutates", "native", "positions")
 
     def __init__(self, func: Any) -> None:
         self.name = str(func)  # the summary's and the error records' key, once (str() of an overload is not free)
@@ -58,3 +58,12 @@ class OpInfo:
         compared = self.skip is None or self.per_call is not None
         self.half_to_float = reference.half_to_float_index(func) if compared else None
         self.written = reference.written_arguments(func) if compared else ((), ())
+        # writes into an argument (compared or not): ops judged later must be judged first, as
+        # they may read what this op changes
+        self.mutates = any(a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments)
+        # the reference runner's index of the overload (native_jobs); None until asked, -1: not
+        # an op the runner re-runs (its reference is not the op itself, it writes, or it is not
+        # an aten op: a custom op's kernel may be Python, which belongs on the user's thread)
+        self.native: int | None = None if (self.on_host is func and not self.mutates
+                                           and func.namespace == "aten") else -1
+        self.positions = {a.name: i for i, a in enumerate(func._schema.arguments)}  # keyword -> schema position

@@ -67,7 +67,7 @@ def _finite(f: list[float]) -> bool:
 
 
 def figures(pairs: list[tuple[torch.Tensor, torch.Tensor]], scaled: bool = True,
-            exact: bool = False) -> list[list[float]]:
+            exact: bool = False, known: dict[int, tuple[torch.Tensor, Any]] | None = None) -> list[list[float]]:
     """Host figures of every output pair (df.LEAF_FIGURE_COUNT each: the documented rule's and the
     scaled error, df.NOT_MEASURED without `scaled`).
 
@@ -81,7 +81,7 @@ def figures(pairs: list[tuple[torch.Tensor, torch.Tensor]], scaled: bool = True,
     if not pairs:
         return []
     n = df.FIGURE_COUNT
-    out = figure_parts.leaf_figures(pairs)
+    out = figure_parts.leaf_figures(pairs, known)
     redo = []
     for i, (d, r) in enumerate(pairs):
         f = out[i]

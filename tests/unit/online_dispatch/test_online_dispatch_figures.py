@@ -16,7 +16,15 @@ from dispatch_files import read_rows, summary
 
 from probes.backends import host_arrays
 from probes.core import dispatch_figures as df
-from probes.online_dispatch import figure_parts, leaf_pairs, mode, results, thread_choice, verdict
+from probes.online_dispatch import (
+    figure_parts,
+    leaf_pairs,
+    mode,
+    native_jobs,
+    results,
+    thread_choice,
+    verdict,
+)
 from probes.pytorch.online_dispatch import PtdbgDispatch
 
 
@@ -30,10 +38,10 @@ def _core_figures(pairs):
     return out
 
 
-def _op_by_op_figures(pairs):
+def _op_by_op_figures(pairs, known=None):
     """Each pair's figures as the fast path means to take them, leaf by leaf: the core's formulas,
     with the sums in the one pass's documented order (NumPy's, host_arrays.dispatch_parts) for the
-    leaves the one pass reads."""
+    leaves the one pass reads (`known`, the reference runner's sums, is not used: measured here)."""
     out = []
     for d, r in pairs:
         d, r = d.reshape(-1), r.reshape(-1)
@@ -213,6 +221,10 @@ def _threads() -> int:
 
 
 def test_auto_keeps_cheap_ops_inline_and_hands_costly_kinds_to_the_thread(tmp_path, monkeypatch):
+    """Without the native reference runner (tests/unit/online_dispatch/test_native_jobs.py), "auto"
+    hands costly kinds of op to the Python reference thread."""
+    monkeypatch.setattr(native_jobs.torch_reference_runner, "runner_module", lambda wait=False: None)
+    monkeypatch.setattr(native_jobs.torch_reference_runner, "why_not", lambda: "switched off here")
     monkeypatch.setattr(mode, "use_reference_thread", lambda background: True)  # a host that can overlap
     x = torch.randn(256, 256)  # 256 KiB outputs: above workers.AUTO_THREAD_BYTES
     # the limit set far above this add's inline cost even on a loaded machine (at the default 4 ms

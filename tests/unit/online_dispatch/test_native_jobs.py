@@ -1,0 +1,124 @@
+"""The reference runner (probes.backends.torch_reference_runner, probes.online_dispatch.native_jobs):
+ops re-run and measured on a native thread give the inline rows byte for byte, in op order, whatever
+the user's program writes meanwhile."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+from dispatch_files import read_rows
+
+from probes.backends import torch_kernels, torch_reference_runner
+from probes.online_dispatch import mode, native_jobs
+from probes.pytorch.online_dispatch import PtdbgDispatch
+
+
+@pytest.fixture(scope="module")
+def runner_built():
+    if shutil.which("ninja") is None or shutil.which(os.environ.get("CXX", "c++")) is None:
+        pytest.skip("no C++ compiler or ninja here: online_dispatch judges inline (covered elsewhere)")
+    torch_reference_runner.reset()
+    module = torch_reference_runner.runner_module(wait=True)
+    assert module is not None, torch_reference_runner.why_not()
+    return module
+
+
+@pytest.fixture
+def taken(runner_built, monkeypatch):
+    """Forces the runner on (a host that can overlap) and counts the ops it took."""
+    monkeypatch.setattr(mode, "use_reference_thread", lambda background: True)
+    counts = {"taken": 0, "most_in_flight": 0}
+    take = native_jobs.NativeQueue.take
+
+    def counting(self, job, out):
+        ok = take(self, job, out)
+        counts["taken"] += ok
+        counts["most_in_flight"] = max(counts["most_in_flight"], len(self.jobs))
+        return ok
+
+    monkeypatch.setattr(native_jobs.NativeQueue, "take", counting)
+    return counts
+
+
+def _files(run_dir) -> tuple[str, dict]:
+    (csv_path,) = run_dir.glob("compare_result_rank*.csv")
+    report = json.loads((run_dir / "summary.json").read_text())
+    report.pop("config"), report.pop("csv")
+    return csv_path.read_text(), report
+
+
+def _program(dtype: torch.dtype) -> None:
+    """Forward and gradients of a small block (tuple outputs, integer outputs, an in-place write
+    on an output still in flight, an op whose float64 re-run raises), gradients by
+    autograd.grad (AccumulateGrad would copy a gradient still held in flight: another op)."""
+    torch.manual_seed(0)
+    w1 = torch.randn(64, 96, dtype=dtype, requires_grad=True)
+    w2 = torch.randn(96, 32, dtype=dtype, requires_grad=True)
+    x = torch.randn(16, 64, dtype=dtype)
+    h = F.gelu(F.layer_norm(x @ w1, (96,)))
+    h = torch.softmax(h, -1) @ w2
+    values, idx = torch.topk(h.detach(), 3)
+    low, high = torch.aminmax(h.detach())
+    y = torch.mm(x.detach(), w1.detach())
+    y.mul_(2.0)  # writes the output of an op that may still be in flight
+    (idx + 1).sum()
+    torch.ops.aten._weight_int8pack_mm(x.float(), torch.randint(-8, 8, (8, 64), dtype=torch.int8), torch.rand(8))
+    torch.autograd.grad(h.float().pow(2).sum() + y.float().sum() * 0 + values.sum() * 0 + low * high, (w1, w2))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_runner_writes_the_inline_rows_byte_for_byte(tmp_path, taken, dtype):
+    with PtdbgDispatch(dump_path=str(tmp_path / "inline"), background=False) as inline:
+        _program(dtype)
+    assert taken["taken"] == 0
+    with PtdbgDispatch(dump_path=str(tmp_path / "runner")) as native:
+        _program(dtype)
+    assert taken["taken"] > 20  # the runner took most ops (not the in-place ones, nor a failing one's judging)
+    assert _files(inline.run_dir) == _files(native.run_dir)
+    rows = read_rows(native.run_dir)
+    assert any(r["NPU Name"].startswith("_weight_int8pack_mm_1_output") for r in rows)  # judged, not dropped
+    assert _files(native.run_dir)[1]["probe_errors"] or any("_weight_int8pack_mm" in r["Err_message"] for r in rows)
+
+
+def test_an_op_writing_an_output_in_flight_waits_for_its_judgement(tmp_path, taken):
+    """A large float64 re-run is still running when the program writes its output in place: the
+    write waits, so the row measures the output as the op made it (doubled, the figures would fail)."""
+    a, b = torch.randn(384, 384), torch.randn(384, 384)
+    with PtdbgDispatch(dump_path=str(tmp_path / "runner")) as d:
+        for _ in range(3):
+            y = torch.mm(a, b)
+            y.mul_(2.0)
+    assert taken["taken"] >= 3
+    mm_rows = [r for r in read_rows(d.run_dir) if r["NPU Name"].startswith("mm_") and "_output" in r["NPU Name"]]
+    assert len(mm_rows) == 3 and all(r["Accuracy Reached or Not"] == "Yes" for r in mm_rows), mm_rows
+
+
+def test_the_runner_measures_the_leaves_and_keeps_a_bounded_window(tmp_path, taken, monkeypatch):
+    measured_here = []
+    parts = torch_kernels.dispatch_parts
+    monkeypatch.setattr(torch_kernels, "dispatch_parts", lambda d, r: measured_here.append(1) or parts(d, r))
+    x = torch.randn(64, 64)
+    with PtdbgDispatch(dump_path=str(tmp_path / "runner")) as d:
+        for _ in range(3 * native_jobs.WINDOW):
+            x = torch.tanh(x @ x)
+    assert taken["taken"] == 6 * native_jobs.WINDOW
+    assert taken["most_in_flight"] <= native_jobs.WINDOW
+    assert measured_here == []  # every leaf's sums came from the runner
+    assert d._native is None  # the runner's thread stops with the context
+    rows = [r for r in read_rows(d.run_dir) if "_output" in r["NPU Name"]]
+    assert [r["NPU Name"] for r in rows[:4]] == ["mm_1_output", "tanh_1_output", "mm_2_output", "tanh_2_output"]
+
+
+def test_the_switch_turns_the_runner_off(monkeypatch):
+    monkeypatch.setenv(torch_reference_runner.SWITCH, "0")
+    torch_reference_runner.reset()
+    try:
+        assert torch_reference_runner.runner_module(wait=True) is None
+        assert torch_reference_runner.SWITCH in torch_reference_runner.why_not()
+    finally:
+        torch_reference_runner.reset()

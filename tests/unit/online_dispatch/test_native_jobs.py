@@ -122,3 +122,103 @@ def test_the_switch_turns_the_runner_off(monkeypatch):
         assert torch_reference_runner.SWITCH in torch_reference_runner.why_not()
     finally:
         torch_reference_runner.reset()
+
+
+def _signatures() -> None:
+    """Ops whose arguments the runner must copy as build_reference does: dtype and list arguments,
+    optional tensors, Python numbers for Tensor arguments, tuple outputs, integer outputs."""
+    torch.manual_seed(0)
+    x = torch.randn(6, 5)
+    y = torch.randn(6, 5, dtype=torch.bfloat16)
+    torch.sum(x, dim=1, dtype=torch.float64)
+    torch.softmax(y, -1, dtype=torch.float32)
+    torch.log_softmax(x, 0)
+    x.to(torch.bfloat16)
+    torch.cat([x, x * 2], 0)
+    torch.stack((x, x + 1))
+    x[torch.tensor([0, 2]), None]
+    x[torch.tensor([1, 3]), torch.tensor([0, 4])]
+    torch.where(x > 0, x, 0.5)
+    torch.clamp(x, min=torch.tensor(-0.5), max=0.5)
+    torch.addcmul(x, x, x, value=0.25)
+    torch.add(x, 2)
+    torch.mul(torch.arange(6), 3)
+    torch.linspace(torch.tensor(0.0), torch.tensor(1.0), 7)
+    torch.var_mean(y.float(), dim=0, correction=0)
+    torch.unique(torch.tensor([3, 1, 3, 2]), return_counts=True)
+    torch.nn.functional.layer_norm(y, (5,), torch.ones(5, dtype=torch.bfloat16), None)
+    torch.nn.functional.scaled_dot_product_attention(*(torch.randn(1, 2, 8, 4) for _ in range(3)))
+
+
+@pytest.mark.parametrize("program", [_signatures], ids=["signatures"])
+def test_every_kind_of_argument_is_copied_as_inline(tmp_path, taken, program):
+    with PtdbgDispatch(dump_path=str(tmp_path / "inline"), background=False) as inline:
+        program()
+    with PtdbgDispatch(dump_path=str(tmp_path / "runner")) as native:
+        program()
+    assert taken["taken"] >= 15
+    assert _files(inline.run_dir) == _files(native.run_dir)
+
+
+def test_attention_reference_runs_on_the_runner_and_its_grads_match(tmp_path, taken):
+    """attention's reference is Python: called on the runner's thread with the GIL, in its turn."""
+    def program():
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(2, 2, 16, 8, requires_grad=True) for _ in range(3))
+        out = F.scaled_dot_product_attention(torch.tanh(q), k, v, is_causal=True)
+        torch.autograd.grad(out.pow(2).sum(), (q, k, v))
+
+    calls = []
+    submit_python = torch_reference_runner.ReferenceRunner.__init__
+
+    def spying(self, module):
+        submit_python(self, module)
+        real = self.submit_python
+        self.submit_python = lambda *a: calls.append(a[0]) or real(*a)
+
+    with PtdbgDispatch(dump_path=str(tmp_path / "inline"), background=False) as inline:
+        program()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch_reference_runner.ReferenceRunner, "__init__", spying)
+        with PtdbgDispatch(dump_path=str(tmp_path / "runner")) as native:
+            program()
+    assert len(calls) == 2  # the forward's and the backward's references
+    assert _files(inline.run_dir) == _files(native.run_dir)
+
+
+def test_under_a_process_group_the_runner_reads_only_private_copies(tmp_path, taken, monkeypatch):
+    """distributed engines free memory outside the dispatcher: the runner is then given the host
+    copies made on the user's thread and no device leaf, and the rows are the same."""
+    monkeypatch.setattr(mode, "distributed_run", lambda: True)
+    seen = []
+    init = torch_reference_runner.ReferenceRunner.__init__
+
+    def spying(self, module):
+        init(self, module)
+        real = self.submit
+        self.submit = lambda index, args, kwargs, leaves, inference, cast, half: (
+            seen.append((cast, leaves)) or real(index, args, kwargs, leaves, inference, cast, half))
+
+    monkeypatch.setattr(torch_reference_runner.ReferenceRunner, "__init__", spying)
+    with PtdbgDispatch(dump_path=str(tmp_path / "inline"), background=False) as inline:
+        _signatures()
+    with PtdbgDispatch(dump_path=str(tmp_path / "runner")) as native:
+        _signatures()
+    assert seen and all(not cast and all(leaf is None for leaf in leaves) for cast, leaves in seen)
+    assert _files(inline.run_dir) == _files(native.run_dir)
+
+
+def test_a_leaf_the_kernel_cannot_read_is_left_to_the_user_thread(runner_built):
+    """A sparse output (or any the one pass cannot read) comes back without sums, never an error
+    on the runner's thread."""
+    runner = torch_reference_runner.ReferenceRunner(runner_built)
+    dense = torch.eye(4)
+    sparse = dense.to_sparse()
+    index = runner.index(torch.ops.aten.mul.Tensor)
+    assert runner.submit(index, (sparse, 2.0), {}, [sparse], False, True, -1)
+    assert runner.submit(index, (dense, 2.0), {}, [dense * 2.0], False, True, -1)
+    failed, out, parts, copies = runner.next()
+    assert not failed and out.layout == torch.sparse_coo and parts == [None]
+    failed, out, parts, copies = runner.next()
+    assert not failed and out.dtype == torch.float64 and parts[0] is not None and copies[0].dtype == torch.float64
+    assert runner.pending() == 0

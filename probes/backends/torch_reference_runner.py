@@ -45,21 +45,35 @@ _state: dict[str, Any] = {}
 _lock = threading.Lock()
 
 
+#: why_not() while another process builds the extension (this one asks again at its next context)
+ELSEWHERE = "being built by another process"
+# a build marker older than this is a build that died with its process
+_BUILD_SECONDS = 600
+
+
 def runner_module(wait: bool = False) -> Any:
     """The compiled extension, or None: still building (started here the first time, in a
-    background thread; `wait` waits for it), or not to be had (`why_not`)."""
-    with _lock:
-        if "module" not in _state:
-            if os.environ.get(SWITCH, "1").strip().lower() in ("0", "off", "false", "no"):
-                _state["module"], _state["why"] = None, f"{SWITCH} switches it off"
-            else:
-                _state["module"], _state["why"] = None, "building"
-                builder = _state["builder"] = threading.Thread(target=_build, name="msprobe-runner-build", daemon=True)
-                builder.start()
-        builder = _state.get("builder")
-    if wait and builder is not None:
-        builder.join()
-    return _state["module"]
+    background thread; `wait` waits for it, and for another process's build), or not to be had
+    (`why_not`). While another process builds it, each call looks again."""
+    while True:
+        with _lock:
+            if _state.get("why") == ELSEWHERE:  # that build may be done now
+                _state.clear()
+            if "module" not in _state:
+                if os.environ.get(SWITCH, "1").strip().lower() in ("0", "off", "false", "no"):
+                    _state["module"], _state["why"] = None, f"{SWITCH} switches it off"
+                else:
+                    _state["module"], _state["why"] = None, "building"
+                    _state["builder"] = threading.Thread(target=_build, name="msprobe-runner-build", daemon=True)
+                    _state["builder"].start()
+            builder = _state.get("builder")
+        if not wait:
+            return _state["module"]
+        if builder is not None:
+            builder.join()
+        if _state["module"] is not None or _state.get("why") != ELSEWHERE:
+            return _state["module"]
+        time.sleep(1.0)
 
 
 def why_not() -> str | None:
@@ -80,22 +94,65 @@ def _build() -> None:
         _state["module"], _state["why"] = None, f"the reference runner could not be built or loaded: {exc!r}"
         log.info("probes: online_dispatch's reference runner not in use (%s); ops are judged inline", _state["why"])
         return
-    _state["module"], _state["why"] = module, None
+    _state["module"], _state["why"] = module, None if module is not None else ELSEWHERE
 
 
 def _load() -> Any:
+    """The extension, built here if no process has built it; None while another process builds it
+    (a marker file beside the library says which: short test processes would otherwise each
+    start a build of their own)."""
     import torch
 
     key = hashlib.sha256(b"\0".join([_SOURCE.read_bytes(), torch.__version__.encode(),
                                      sys.version.encode()])).hexdigest()[:16]
     name = f"msprobe_reference_runner_{key}"
     target = host_kernels.cache_folder() / f"{name}.so"
-    if target.exists():
-        spec = importlib.util.spec_from_file_location(name, target)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    return _compile(name, target)
+    if not target.exists():
+        marker = target.with_suffix(".building")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if not _claim(marker):
+            return None
+        try:
+            return _compile(name, target)
+        finally:
+            marker.unlink(missing_ok=True)
+    spec = importlib.util.spec_from_file_location(name, target)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _claim(marker: Path) -> bool:
+    """Create the build marker (with this process's id); False when a live process holds it."""
+    for _ in range(2):
+        try:
+            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            if _held(marker):
+                return False
+            marker.unlink(missing_ok=True)  # a build that died with its process
+            continue
+        with os.fdopen(fd, "w") as fh:
+            fh.write(str(os.getpid()))
+        return True
+    return False
+
+
+def _held(marker: Path) -> bool:
+    try:
+        pid = int(marker.read_text() or "0")
+        age = time.time() - marker.stat().st_mtime
+    except (OSError, ValueError):
+        return True  # being written this moment
+    if age > _BUILD_SECONDS or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
 
 
 def _compile(name: str, target: Path) -> Any:

@@ -474,10 +474,44 @@ class Channel {
   std::deque<std::shared_ptr<Task>> pending_;  // submitted, not collected (the user's thread only)
 };
 
+// call_stack.capture_stack's walk in C (it runs for every op judged later, ~40 frames deep in a
+// transformer's forward): the frames from `frame` outwards whose file starts with none of
+// `skipped`, as (filename, line, function), outermost first
+py::tuple user_frames(const py::object& frame, const py::tuple& skipped) {
+  std::vector<py::tuple> frames;
+  PyFrameObject* f = reinterpret_cast<PyFrameObject*>(frame.ptr());
+  Py_XINCREF(f);
+  while (f != nullptr) {
+    PyCodeObject* code = PyFrame_GetCode(f);  // a new reference
+    PyObject* filename = code->co_filename;
+    bool skip = false;
+    for (const auto& prefix : skipped) {
+      if (PyUnicode_Tailmatch(filename, prefix.ptr(), 0, PY_SSIZE_T_MAX, -1) == 1) {
+        skip = true;
+        break;
+      }
+    }
+    if (!skip) {
+      frames.push_back(py::make_tuple(py::reinterpret_borrow<py::object>(filename), PyFrame_GetLineNumber(f),
+                                      py::reinterpret_borrow<py::object>(code->co_name)));
+    }
+    Py_DECREF(code);
+    PyFrameObject* back = PyFrame_GetBack(f);  // a new reference
+    Py_DECREF(f);
+    f = back;
+  }
+  py::tuple out(frames.size());
+  for (size_t i = 0; i < frames.size(); ++i) {
+    out[i] = frames[frames.size() - 1 - i];
+  }
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("operator_index", &operator_index);
+  m.def("user_frames", &user_frames);
   py::class_<Runner, std::shared_ptr<Runner>>(m, "Runner")
       .def(py::init<uintptr_t, uintptr_t, uintptr_t, int64_t>())
       .def("stop", &Runner::stop);

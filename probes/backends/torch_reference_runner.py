@@ -76,6 +76,11 @@ def runner_module(wait: bool = False) -> Any:
         time.sleep(1.0)
 
 
+def loaded() -> Any:
+    """The extension if this process has loaded it, else None (never starts a build)."""
+    return _state.get("module")
+
+
 def why_not() -> str | None:
     """Why runner_module() is None ("building" while it builds; None once it is loaded)."""
     return _state.get("why", "not asked for")

@@ -263,3 +263,22 @@ def test_one_process_builds_and_the_others_look_again(tmp_path, monkeypatch):
         assert torch_reference_runner.runner_module(wait=True) == "the module"  # asked again: built by then
     finally:
         torch_reference_runner.reset()
+
+
+def test_the_stack_walk_in_c_gives_the_python_walks_frames(runner_built):
+    """capture_stack walks in C where the extension is loaded: the same frames, torch's and the
+    probes' own left out (here a torch decorator's frame between the test's)."""
+    import sys
+
+    from probes.online_dispatch import call_stack
+
+    def inner(depth: int):
+        if depth:
+            return inner(depth - 1)
+        frame = sys._getframe(0)
+        return runner_built.user_frames(frame, call_stack._SKIPPED), call_stack.python_capture_stack(frame)
+
+    native, python = torch.no_grad()(lambda: inner(4))()
+    assert native == python and len(native) >= 6
+    assert not any(name.startswith(call_stack._SKIPPED) for name, _line, _fn in native)
+    assert native[-1][2] == "inner" and isinstance(native[-1][1], int)

@@ -54,7 +54,9 @@ class GraphInfo:
     __slots__ = ("api", "overload", "half_to_float", "written", "skip", "on_host", "per_call", "chained",
                  "rounded_once")
     native = -1  # a graph is not an op the reference runner re-runs (native_jobs)
-    mutates = False
+    # a compiled program may write into its inputs: ops in flight are judged first, and the graph
+    # itself now, on the user's thread (not queued)
+    mutates = True
 
     def __init__(self, graph: Any, api: str | None = None, on_host: Callable[..., Any] | None = None) -> None:
         self.api, self.overload, self.half_to_float, self.written = api or graph.key, "", None, ((), ())

@@ -205,7 +205,17 @@ def test_a_clean_backward_is_not_localised(tmp_path):
     assert "its backward" in found.describe()
 
 
-def test_online_dispatch_compares_each_graph_with_float64_on_the_cpu_and_localises(tmp_path):
+@pytest.mark.parametrize("runner", [False, True], ids=["inline", "reference_runner"])
+def test_online_dispatch_compares_each_graph_with_float64_on_the_cpu_and_localises(tmp_path, monkeypatch, runner):
+    """(With the reference runner in use, a graph's call is judged on the user's thread, in its
+    turn: a compiled program may write into its inputs.)"""
+    if runner:
+        from probes.backends import torch_reference_runner
+        from probes.online_dispatch import mode
+
+        if torch_reference_runner.runner_module(wait=True) is None:
+            pytest.skip(f"no reference runner here: {torch_reference_runner.why_not()}")
+        monkeypatch.setattr(mode, "use_reference_thread", lambda background: True)
     for defect in (None, "linear"):
         model = mlp()
         dump = tmp_path / str(defect)
@@ -223,10 +233,18 @@ def test_online_dispatch_compares_each_graph_with_float64_on_the_cpu_and_localis
             assert graph["localisation"]["target"].endswith("linear")
 
 
-def test_online_dispatch_compares_each_graph_backward_as_one_op(tmp_path):
+@pytest.mark.parametrize("runner", [False, True], ids=["inline", "reference_runner"])
+def test_online_dispatch_compares_each_graph_backward_as_one_op(tmp_path, monkeypatch, runner):
     """The compiled backward runs fused kernels the dispatch mode never sees one by one: it is
     compared as one op, Graph.<name>.backward, on the call's real cotangents; a defect only the
     gradients show fails it (and only it) and is localised to its node; a clean one passes."""
+    if runner:
+        from probes.backends import torch_reference_runner
+        from probes.online_dispatch import mode
+
+        if torch_reference_runner.runner_module(wait=True) is None:
+            pytest.skip(f"no reference runner here: {torch_reference_runner.why_not()}")
+        monkeypatch.setattr(mode, "use_reference_thread", lambda background: True)
     for defect in (None, "gelu_backward"):
         model = mlp()
         dump = tmp_path / str(defect)

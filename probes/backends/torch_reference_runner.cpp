@@ -23,6 +23,8 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace py = pybind11;
@@ -477,34 +479,116 @@ class Channel {
 // call_stack.capture_stack's walk in C (it runs for every op judged later, ~40 frames deep in a
 // transformer's forward): the frames from `frame` outwards whose file starts with none of
 // `skipped`, as (filename, line, function), outermost first
-py::tuple user_frames(const py::object& frame, const py::tuple& skipped) {
-  std::vector<py::tuple> frames;
+// Whether a code object's file lies under one of the `skipped` folders, remembered per code
+// object (a strong reference is kept, so the address is never another's): a transformer's forward
+// walks ~40 frames at every op judged later, mostly the same code objects. Touched with the GIL only.
+struct SkipCache {
+  PyObject* prefixes = nullptr;
+  std::unordered_map<PyObject*, bool> known;
+
+  void clear() {
+    for (auto& entry : known) {
+      Py_DECREF(entry.first);
+    }
+    known.clear();
+  }
+};
+
+SkipCache& skip_cache() {
+  static SkipCache* cache = new SkipCache();  // never destroyed: no Python object is released at exit
+  return *cache;
+}
+
+bool skipped_code(PyCodeObject* code, const py::tuple& skipped) {
+  SkipCache& cache = skip_cache();
+  if (cache.prefixes != skipped.ptr()) {
+    cache.clear();
+    Py_XDECREF(cache.prefixes);
+    cache.prefixes = skipped.ptr();
+    Py_INCREF(cache.prefixes);
+  }
+  PyObject* key = reinterpret_cast<PyObject*>(code);
+  auto hit = cache.known.find(key);
+  if (hit != cache.known.end()) {
+    return hit->second;
+  }
+  bool skip = false;
+  for (const auto& prefix : skipped) {
+    if (PyUnicode_Tailmatch(code->co_filename, prefix.ptr(), 0, PY_SSIZE_T_MAX, -1) == 1) {
+      skip = true;
+      break;
+    }
+  }
+  if (cache.known.size() >= 65536) {
+    cache.clear();
+  }
+  Py_INCREF(key);
+  cache.known.emplace(key, skip);
+  return skip;
+}
+
+// The user's frames of a call, kept as (code object, instruction offset) until a failing row
+// reads them: the line number is a walk of the code's line table, paid only then.
+class CodeFrames {
+ public:
+  CodeFrames() = default;
+  CodeFrames(const CodeFrames&) = delete;
+  CodeFrames& operator=(const CodeFrames&) = delete;
+  ~CodeFrames() {
+    for (auto& frame : frames_) {
+      Py_DECREF(frame.first);
+    }
+  }
+
+  // where: an instruction offset, or -1 - the line number where the line was read at once
+  void add(PyCodeObject* code, int where) {
+    Py_INCREF(code);
+    frames_.emplace_back(code, where);
+  }
+
+  // ((filename, line, function), ...), outermost first (the frames were added innermost first)
+  py::tuple resolve() const {
+    py::tuple out(frames_.size());
+    for (size_t i = 0; i < frames_.size(); ++i) {
+      const auto& frame = frames_[frames_.size() - 1 - i];
+      PyCodeObject* code = frame.first;
+      int line = frame.second >= 0 ? PyCode_Addr2Line(code, frame.second) : -1 - frame.second;
+      out[i] = py::make_tuple(py::reinterpret_borrow<py::object>(code->co_filename), line,
+                              py::reinterpret_borrow<py::object>(code->co_name));
+    }
+    return out;
+  }
+
+ private:
+  std::vector<std::pair<PyCodeObject*, int>> frames_;
+};
+
+std::unique_ptr<CodeFrames> walk_frames(const py::object& frame, const py::tuple& skipped) {
+  auto frames = std::make_unique<CodeFrames>();
   PyFrameObject* f = reinterpret_cast<PyFrameObject*>(frame.ptr());
   Py_XINCREF(f);
   while (f != nullptr) {
     PyCodeObject* code = PyFrame_GetCode(f);  // a new reference
-    PyObject* filename = code->co_filename;
-    bool skip = false;
-    for (const auto& prefix : skipped) {
-      if (PyUnicode_Tailmatch(filename, prefix.ptr(), 0, PY_SSIZE_T_MAX, -1) == 1) {
-        skip = true;
-        break;
-      }
-    }
-    if (!skip) {
-      frames.push_back(py::make_tuple(py::reinterpret_borrow<py::object>(filename), PyFrame_GetLineNumber(f),
-                                      py::reinterpret_borrow<py::object>(code->co_name)));
+    if (!skipped_code(code, skipped)) {
+#if PY_VERSION_HEX >= 0x030B0000
+      // the offset, later resolved as PyFrame_GetLineNumber resolves an untraced frame's
+      // (capture_stack reads lines at once while a trace function is set)
+      int where = PyFrame_GetLasti(f);
+      frames->add(code, where >= 0 ? where : -1 - PyFrame_GetLineNumber(f));
+#else
+      frames->add(code, -1 - PyFrame_GetLineNumber(f));
+#endif
     }
     Py_DECREF(code);
     PyFrameObject* back = PyFrame_GetBack(f);  // a new reference
     Py_DECREF(f);
     f = back;
   }
-  py::tuple out(frames.size());
-  for (size_t i = 0; i < frames.size(); ++i) {
-    out[i] = frames[frames.size() - 1 - i];
-  }
-  return out;
+  return frames;
+}
+
+py::tuple user_frames(const py::object& frame, const py::tuple& skipped) {
+  return walk_frames(frame, skipped)->resolve();
 }
 
 }  // namespace
@@ -512,6 +596,8 @@ py::tuple user_frames(const py::object& frame, const py::tuple& skipped) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("operator_index", &operator_index);
   m.def("user_frames", &user_frames);
+  m.def("user_code_frames", &walk_frames);
+  py::class_<CodeFrames>(m, "CodeFrames").def("resolve", &CodeFrames::resolve);
   py::class_<Runner, std::shared_ptr<Runner>>(m, "Runner")
       .def(py::init<uintptr_t, uintptr_t, uintptr_t, int64_t>())
       .def("stop", &Runner::stop);

@@ -19,16 +19,26 @@ from probes.backends import torch_reference_runner
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _PROBES_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _SKIPPED = (_TORCH_DIR, _PROBES_DIR)
+_gettrace = sys.gettrace
 
 
-def capture_stack() -> tuple[tuple[str, int, str], ...]:
+def capture_stack() -> Any:
     """The user's frames (outside torch and this package), outermost first, without their source
-    lines: cheap enough to take at every op whose judgement is deferred (walked in C by the
-    reference runner's extension where this process has loaded it: the same frames)."""
+    lines: cheap enough to take at every op whose judgement is deferred. Where this process has
+    loaded the reference runner's extension they are walked in C and kept as code objects and
+    instruction offsets, whose line numbers only a failing row reads (`frames_of`); while a trace
+    function is set (a debugger, coverage) the lines are read at once, as the frames report them."""
     native = torch_reference_runner.loaded()
     if native is not None:
+        if _gettrace() is None:
+            return native.user_code_frames(sys._getframe(1), _SKIPPED)
         return native.user_frames(sys._getframe(1), _SKIPPED)
     return python_capture_stack(sys._getframe(1))
+
+
+def frames_of(stack: Any) -> tuple[tuple[str, int, str], ...]:
+    """((file, line, function), ...) of what capture_stack took."""
+    return stack if isinstance(stack, tuple) else stack.resolve()
 
 
 def python_capture_stack(f: Any) -> tuple[tuple[str, int, str], ...]:
@@ -43,9 +53,9 @@ def python_capture_stack(f: Any) -> tuple[tuple[str, int, str], ...]:
     return tuple(frames)
 
 
-def format_stack(frames: tuple[tuple[str, int, str], ...]) -> str:
+def format_stack(frames: Any) -> str:
     """The CSV's NPU_Stack_Info: [[file, line, function, source line], ...]."""
-    return str([[fn, line, name, linecache.getline(fn, line).strip()] for fn, line, name in frames])
+    return str([[fn, line, name, linecache.getline(fn, line).strip()] for fn, line, name in frames_of(frames)])
 
 
 def user_stack() -> str:

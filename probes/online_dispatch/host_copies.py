@@ -135,7 +135,7 @@ def copied_call(args: tuple, kwargs: dict, copies: list[Any], positions: dict[st
     """The ReferenceCall of a host op whose copies the reference runner made (`copies`: the
     reference's argument at each position of the schema where it holds tensors, else None; the
     other arguments are the call's own, which the rows and dumps read as build_reference's)."""
-    ref_args = tuple(a if c is None else c for a, c in zip(args, copies))
+    ref_args = tuple([a if c is None else c for a, c in zip(args, copies)])
     ref_kwargs = {k: v if (c := copies[positions[k]]) is None else c for k, v in kwargs.items()} if kwargs else {}
     if half_to_float is not None:
         ref_args, ref_kwargs = _half_to_float_off(ref_args, ref_kwargs, half_to_float)

@@ -127,6 +127,20 @@ def shape_text(shape: torch.Size) -> str:
     return text
 
 
+# dtype -> (str(dtype), floating point or complex, complex): read for every input leaf of every op
+_DTYPE_FACTS: dict[torch.dtype, tuple[str, bool, bool]] = {}
+
+
+def _dtype_facts(dtype: torch.dtype) -> tuple[str, bool, bool]:
+    facts = _DTYPE_FACTS[dtype] = (str(dtype), dtype.is_floating_point or dtype.is_complex, dtype.is_complex)
+    return facts
+
+
+def dtype_text(dtype: torch.dtype) -> str:
+    """str(dtype), remembered (the CSV's dtype columns)."""
+    return (_DTYPE_FACTS.get(dtype) or _dtype_facts(dtype))[0]
+
+
 def _real(t: torch.Tensor) -> torch.Tensor:
     return torch.view_as_real(t) if t.dtype.is_complex else t
 
@@ -206,7 +220,7 @@ def _add_pair(cmp: OpComparison, name: str, dev: Any, ref: Any) -> None:
             dtype = dev.dtype
             pairs = cmp.pairs
             cmp.outputs.append(OutputLeaf(
-                name, str(dtype), str(ref.dtype), _DTYPE_NAMES.get(dtype) or _tensor_dtype_name(dev),
+                name, dtype_text(dtype), dtype_text(ref.dtype), _DTYPE_NAMES.get(dtype) or _tensor_dtype_name(dev),
                 _SHAPE_TEXTS.get(shape) or shape_text(shape), len(pairs), numel=numel))
             if dev.requires_grad:
                 dev = dev.detach()
@@ -296,15 +310,17 @@ def _walk_inputs(cmp: OpComparison, name: str, dev: Any, ref: Any) -> None:
     if isinstance(ref, torch.Tensor) and isinstance(dev, torch.Tensor):
         numel = ref.numel()
         dtype = ref.dtype
+        text, is_float, is_complex = _DTYPE_FACTS.get(dtype) or _dtype_facts(dtype)
         index = -1
         if numel:
             index = len(cmp.stat_tensors)
-            cmp.stat_tensors.append(torch.view_as_real(ref) if dtype.is_complex else ref)
+            cmp.stat_tensors.append(torch.view_as_real(ref) if is_complex else ref)
         # a plain tuple, InputLeaf's fields in order (made one only for a failing op: input_leaves)
-        cmp.inputs.append((dtype.is_floating_point or dtype.is_complex, numel, True, index))
+        cmp.inputs.append((is_float, numel, True, index))
         shape = ref.shape
-        cmp.input_cells.append(input_row(name, str(dev.dtype), str(dtype), _SHAPE_TEXTS.get(shape) or shape_text(shape),
-                                         NO_STATS))
+        dev_dtype = dev.dtype
+        cmp.input_cells.append(input_row(name, text if dev_dtype is dtype else dtype_text(dev_dtype), text,
+                                         _SHAPE_TEXTS.get(shape) or shape_text(shape), NO_STATS))
     elif isinstance(ref, (list, tuple)) and isinstance(dev, (list, tuple)):
         for i, (d, r) in enumerate(zip(dev, ref)):
             _walk_inputs(cmp, f"{name}.{i}", d, r)

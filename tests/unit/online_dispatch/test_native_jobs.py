@@ -282,3 +282,21 @@ def test_the_stack_walk_in_c_gives_the_python_walks_frames(runner_built):
     assert native == python and len(native) >= 6
     assert not any(name.startswith(call_stack._SKIPPED) for name, _line, _fn in native)
     assert native[-1][2] == "inner" and isinstance(native[-1][1], int)
+
+
+def test_the_lazy_frames_resolve_to_the_lines_of_when_they_were_taken(runner_built):
+    """capture_stack keeps code objects and offsets: resolved after the frames have moved on
+    (here returned), they give the lines of the moment they were taken."""
+    import sys
+
+    from probes.online_dispatch import call_stack
+
+    def taken():
+        frame = sys._getframe(0)
+        return runner_built.user_code_frames(frame, call_stack._SKIPPED), call_stack.python_capture_stack(frame)
+
+    lazy, python = taken()
+    moved_on = [taken() for _ in range(3)]  # the same frames' code objects, taken again elsewhere
+    assert call_stack.frames_of(lazy) == python
+    assert call_stack.frames_of(lazy) != call_stack.frames_of(moved_on[0][0])  # another line of this test
+    assert call_stack.format_stack(lazy) == call_stack.format_stack(python)

@@ -476,9 +476,6 @@ class Channel {
   std::deque<std::shared_ptr<Task>> pending_;  // submitted, not collected (the user's thread only)
 };
 
-// call_stack.capture_stack's walk in C (it runs for every op judged later, ~40 frames deep in a
-// transformer's forward): the frames from `frame` outwards whose file starts with none of
-// `skipped`, as (filename, line, function), outermost first
 // Whether a code object's file lies under one of the `skipped` folders, remembered per code
 // object (a strong reference is kept, so the address is never another's): a transformer's forward
 // walks ~40 frames at every op judged later, mostly the same code objects. Touched with the GIL only.
@@ -563,6 +560,8 @@ class CodeFrames {
   std::vector<std::pair<PyCodeObject*, int>> frames_;
 };
 
+// call_stack.capture_stack's walk in C (it runs for every op judged later, ~40 frames deep in a
+// transformer's forward): the frames from `frame` outwards whose file starts with none of `skipped`
 std::unique_ptr<CodeFrames> walk_frames(const py::object& frame, const py::tuple& skipped) {
   auto frames = std::make_unique<CodeFrames>();
   PyFrameObject* f = reinterpret_cast<PyFrameObject*>(frame.ptr());

@@ -33,7 +33,7 @@ from probes.free_benchmark.fp8 import with_range_use
 from probes.free_benchmark.ledger import ApiStats, Ledger
 from probes.free_benchmark.perturbations import Cancelled, Perturbation, PerturbedCall, make_perturbation
 from probes.free_benchmark.preheat import CENSUS, Preheat
-from probes.free_benchmark.replay import replay
+from probes.free_benchmark.replay import perturbed_replay, replay
 from probes.free_benchmark.selection import FP8_CASTS, Selection
 
 log = logging.getLogger("probes.free_benchmark")
@@ -215,8 +215,9 @@ class CallPath:
         if local is not None:  # a call DTensor redistributed is re-run through DTensor
             rerun = local.rerunner(rerun)
         try:
-            pert_out = replay(b, snapshot, rerun, pert.args, pert.kwargs)
-        except NotMeasurable as exc:  # a reference that does not model this call (a layout of scales)
+            pert_out = (replay(b, snapshot, rerun, pert.args, pert.kwargs) if local is not None else
+                        perturbed_replay(b, snapshot, rerun, pert.args, pert.kwargs, args, kwargs, self.fb.pert_mode))
+        except NotMeasurable as exc:  # a reference that does not model this call, values the API rejects
             self.ledger.skip(meta.key, str(exc))
             return
         except Exception as exc:

@@ -27,7 +27,7 @@ from probes.core.errors import NotMeasurable
 from probes.free_benchmark.compare import at_once
 from probes.free_benchmark.ledger import ApiStats
 from probes.free_benchmark.perturbations import Cancelled
-from probes.free_benchmark.replay import replay
+from probes.free_benchmark.replay import perturbed_replay
 from probes.free_benchmark.selection import FP8_CASTS
 
 Handler = Callable[[Any, Callable[..., Any], tuple, dict], Any]
@@ -108,7 +108,7 @@ def _check(path: Any, meta: Any, name: str, stats: ApiStats, original: Callable[
         ledger.skip(key, rerun)
         return
     try:
-        pert_out = replay(b, snapshot, rerun, pert.args, pert.kwargs)
+        pert_out = perturbed_replay(b, snapshot, rerun, pert.args, pert.kwargs, args, kwargs, pert_mode)
     except NotMeasurable as exc:
         ledger.skip(key, str(exc))
         return

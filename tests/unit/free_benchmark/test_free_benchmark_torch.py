@@ -146,6 +146,60 @@ def test_inplace_out_and_random_apis_are_not_rerun(fb_config):
     assert "Tensor.add_" not in dbg.summary()["apis"]
 
 
+@pytest.mark.parametrize("pert_mode", ["change_value", "no_change"])
+def test_values_the_api_rejects_are_a_reason_not_an_error(fb_config, pert_mode):
+    """change_value leaves a barely positive-definite matrix indefinite: cholesky's perturbed
+    re-run raises where the call itself did not. The call is not checked, with that reason, and
+    no probe error is recorded; the user's result is the call's own."""
+    torch.manual_seed(0)
+    a = torch.randn(8, 8)
+    spd = a @ a.T + 0.01 * torch.eye(8)
+    dbg, out = run(fb_config(pert_mode=pert_mode), lambda: torch.linalg.cholesky(spd))
+    assert torch.equal(out, torch.linalg.cholesky(spd))
+    summary = dbg.summary()
+    assert summary["errors"] == []
+    if pert_mode == "change_value":
+        (reason,) = [r for r, apis in summary["not_checked"].items() if "Torch.linalg.cholesky" in apis]
+        assert "outside what the API accepts" in reason and "_LinAlgError" in reason
+        assert summary["apis"]["Torch.linalg.cholesky"]["checked"] == 0
+    else:  # the same values: checked, and consistent
+        assert summary["apis"]["Torch.linalg.cholesky"]["checked"] == 1 and not summary["not_checked"]
+
+
+def test_a_rerun_that_fails_on_the_calls_own_values_too_stays_an_error():
+    """Only values the perturbation made are a reason to skip: a re-run that raises on the call's
+    own arguments as well (and any failure of a mode that keeps the values) is raised, so the
+    probe records it as an error."""
+    from probes.backends.torch_backend import BACKEND
+    from probes.core.errors import NotMeasurable
+    from probes.free_benchmark.replay import perturbed_replay
+
+    calls = []
+
+    def picky(x):
+        calls.append(x)
+        if x.min() < 0:
+            raise ValueError("negative")
+        return x.sqrt()
+
+    def broken(x):
+        calls.append(x)
+        raise ValueError("always")
+
+    own, perturbed = torch.ones(4), -torch.ones(4)
+    snapshot = BACKEND.rng_snapshot(None)
+    with pytest.raises(NotMeasurable, match="change_value takes its input outside .*ValueError"):
+        perturbed_replay(BACKEND, snapshot, picky, (perturbed,), {}, (own,), {}, "change_value")
+    assert len(calls) == 2  # the perturbed re-run, then the call's own values
+    with pytest.raises(ValueError, match="always"):
+        perturbed_replay(BACKEND, snapshot, broken, (perturbed,), {}, (own,), {}, "add_noise")
+    calls.clear()
+    with pytest.raises(ValueError, match="negative"):
+        perturbed_replay(BACKEND, snapshot, picky, (perturbed,), {}, (own,), {}, "improve_precision")
+    assert len(calls) == 1  # a mode that keeps the values: no second run
+    assert torch.equal(perturbed_replay(BACKEND, snapshot, picky, (own,), {}, (own,), {}, "bit_noise"), own)
+
+
 # --- the user's training is untouched -----------------------------------------------------------
 
 

@@ -477,8 +477,9 @@ class Channel {
 };
 
 // Whether a code object's file lies under one of the `skipped` folders, remembered per code
-// object (a strong reference is kept, so the address is never another's): a transformer's forward
-// walks ~40 frames at every op judged later, mostly the same code objects. Touched with the GIL only.
+// object (a strong reference is kept, so the address is never another's; at most 4096, then all
+// dropped): a transformer's forward walks ~40 frames at every op judged later, mostly the same code
+// objects. Touched with the GIL only.
 struct SkipCache {
   PyObject* prefixes = nullptr;
   std::unordered_map<PyObject*, bool> known;
@@ -516,7 +517,7 @@ bool skipped_code(PyCodeObject* code, const py::tuple& skipped) {
       break;
     }
   }
-  if (cache.known.size() >= 65536) {
+  if (cache.known.size() >= 4096) {  // (a model's stacks hold a few hundred; generated code would grow it)
     cache.clear();
   }
   Py_INCREF(key);

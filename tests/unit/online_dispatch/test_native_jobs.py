@@ -30,7 +30,10 @@ def runner_built():
 
 @pytest.fixture
 def taken(runner_built, monkeypatch):
-    """Forces the runner on (a host that can overlap) and counts the ops it took."""
+    """Forces the runner on (a host that can overlap) and counts the ops it took. The runner is
+    loaded first: a test before may have reset it (a context would then load it in the background
+    and take only the ops after the load)."""
+    assert torch_reference_runner.runner_module(wait=True) is not None, torch_reference_runner.why_not()
     monkeypatch.setattr(mode, "use_reference_thread", lambda background: True)
     counts = {"taken": 0, "most_in_flight": 0}
     take = native_jobs.NativeQueue.take

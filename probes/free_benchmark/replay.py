@@ -37,7 +37,7 @@ def perturbed_replay(backend: Any, snapshot: Any, fn: Callable[..., Any], pert_a
     """`replay` of a perturbed call. An API may reject the values a perturbation made (a matrix
     that change_value leaves not positive-definite makes cholesky raise): where the perturbed
     re-run raises under a mode that changes values, the call is re-run with its own arguments
-    (`args`, `kwargs`: not written by the API), and if that succeeds the call is not measurable
+    (`args`, `kwargs`: copies where the API writes into its inputs), and if that succeeds the call is not measurable
     with this perturbation (NotMeasurable, the call skipped with the reason: not a probe error).
     Any other failure is raised as it was. Only for calls whose re-run is local: a re-run through
     DTensor may communicate, and the ranks must issue the same collectives."""

@@ -64,16 +64,14 @@ def leaf_figures(pairs: list[tuple[torch.Tensor, torch.Tensor]],
             if hit is not None and (hit[0] is d or (hit[0].data_ptr() == d.data_ptr() and hit[0].dtype is d.dtype)):
                 parts = hit[1]
         if parts is not None:  # (no reshape: a view costs microseconds, and only its count is read)
-            figs = df.figures_of_sums(parts, d.numel())
-            figs[df.MAX_ABS] += 0.0
-            out.append(figs)
-            continue
-        if d.dim() != 1:
-            d = d.reshape(-1)
-        if r.dim() != 1:
-            r = r.reshape(-1)
-        numel = d.shape[0]
-        parts = torch_kernels.dispatch_parts(d, r)
+            numel = d.numel()
+        else:
+            if d.dim() != 1:
+                d = d.reshape(-1)
+            if r.dim() != 1:
+                r = r.reshape(-1)
+            numel = d.shape[0]
+            parts = torch_kernels.dispatch_parts(d, r)
         if parts is not None:
             figs = df.figures_of_sums(parts, numel)
             figs[df.MAX_ABS] += 0.0

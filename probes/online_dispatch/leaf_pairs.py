@@ -21,8 +21,9 @@ import torch
 from probes.backends.torch_backend import BACKEND
 from probes.core import dispatch_metrics as dm
 from probes.core.thresholds import HAS_INFINITY, LARGEST_FINITE, overflow_boundary
+from probes.core.writers import needs_quotes
 from probes.online_dispatch.reference import CPU, NotCompared, PerQuery
-from probes.online_dispatch.results import NO_STATS, Row, input_row, special_row
+from probes.online_dispatch.results import NO_STATS, Row, input_line, input_row, special_row
 
 
 @dataclass
@@ -53,16 +54,20 @@ class OpComparison:
     """The leaves of one op call and the tensors the figures are computed from (a plain class:
     one is made for every compared op)."""
 
-    __slots__ = ("prefix", "outputs", "inputs", "input_cells", "pairs", "stat_tensors", "chained",
+    __slots__ = ("prefix", "plain_names", "outputs", "inputs", "input_cells", "pairs", "stat_tensors", "chained",
                  "rounded_once_terms")
 
     def __init__(self, prefix: str, chained: bool = False, rounded_once_terms: int = 0) -> None:
         self.prefix = prefix
+        # the leaves' names (the prefix, then "_input.0", "_output.1", an argument's name) are
+        # written in the CSV as they are: their rows may be rendered as lines (results.input_line)
+        self.plain_names = not needs_quotes(prefix)
         self.outputs: list[OutputLeaf] = []
         self.inputs: list[tuple] = []  # InputLeaf's fields (input_leaves)
-        # each input leaf's CSV cells, made when the leaf is listed, with the statistics a passing
-        # op shows (none for tensors); verdict.rows fills them in for an op that failed
-        self.input_cells: list[list[Any]] = []
+        # each input leaf's CSV row, made when the leaf is listed, with the statistics a passing op
+        # shows (a tensor's none: verdict.rows fills them in for an op that failed): its line
+        # (results.input_line), or its cells where a name needs quoting
+        self.input_cells: list[list[Any] | str] = []
         self.pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.stat_tensors: list[torch.Tensor] = []
         self.chained = chained  # a fused backward that rounds intermediates: the wider limit (thresholds)
@@ -153,6 +158,7 @@ def _plain(t: torch.Tensor) -> torch.Tensor:
 
 
 _SCALARS = (bool, int, float)
+_TYPE_TEXTS = {t: str(t) for t in _SCALARS}
 
 
 def _not_compared(cmp: OpComparison, name: str, dev: Any, ref: Any, message: str) -> None:
@@ -303,6 +309,8 @@ def collect_inputs(cmp: OpComparison, dev_args: tuple, dev_kwargs: dict, ref_arg
     for i, (d, r) in enumerate(zip(dev_args, ref_args)):
         _walk_inputs(cmp, f"{prefix}_input.{i}", d, r)
     for k, r in ref_kwargs.items():
+        if needs_quotes(k):
+            cmp.plain_names = False
         _walk_inputs(cmp, f"{prefix}_input_{k}", dev_kwargs.get(k), r)
 
 
@@ -319,12 +327,16 @@ def _walk_inputs(cmp: OpComparison, name: str, dev: Any, ref: Any) -> None:
         cmp.inputs.append((is_float, numel, True, index))
         shape = ref.shape
         dev_dtype = dev.dtype
-        cmp.input_cells.append(input_row(name, text if dev_dtype is dtype else dtype_text(dev_dtype), text,
-                                         _SHAPE_TEXTS.get(shape) or shape_text(shape), NO_STATS))
+        dev_text = text if dev_dtype is dtype else dtype_text(dev_dtype)
+        shape = _SHAPE_TEXTS.get(shape) or shape_text(shape)
+        cmp.input_cells.append(input_line(name, dev_text, text, shape) if cmp.plain_names
+                               else input_row(name, dev_text, text, shape, NO_STATS))
     elif isinstance(ref, (list, tuple)) and isinstance(dev, (list, tuple)):
         for i, (d, r) in enumerate(zip(dev, ref)):
             _walk_inputs(cmp, f"{name}.{i}", d, r)
     elif isinstance(ref, _SCALARS) and isinstance(dev, _SCALARS):
         value = float(ref)
         cmp.inputs.append((isinstance(ref, float), 1, False, -1, value))
-        cmp.input_cells.append(input_row(name, str(type(dev)), str(type(ref)), "[]", (value, value, value)))
+        dev_type, ref_type = _TYPE_TEXTS.get(dev.__class__) or str(type(dev)), _TYPE_TEXTS.get(ref.__class__) or str(type(ref))
+        cmp.input_cells.append(input_line(name, dev_type, ref_type, "[]", value) if cmp.plain_names
+                               else input_row(name, dev_type, ref_type, "[]", (value, value, value)))

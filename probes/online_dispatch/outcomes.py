@@ -17,7 +17,7 @@ from probes.online_dispatch.graph_ops import GraphOp
 from probes.online_dispatch.graph_reports import localise
 from probes.online_dispatch.jobs import SKIPPED, Job, ReferenceFailed, dump_job
 from probes.online_dispatch.options import DispatchOptions
-from probes.online_dispatch.results import FailedOp, RunResults, leaf_summary, special_row
+from probes.online_dispatch.results import FailedOp, Row, RunResults, leaf_summary, special_row
 
 logger = logging.getLogger("probes.online_dispatch")
 
@@ -47,7 +47,7 @@ def record_outcome(results: RunResults, options: DispatchOptions, listed: frozen
                                           f"comparison failed: {type(figures).__name__}: {figures}")])
             return
     in_rows, out_rows = verdict.rows(job.cmp, figures, all_details=options.debug, rule=options.rule)
-    failing = [r for r in out_rows if r.__class__ is not list and r.failed]
+    failing = [r for r in out_rows if r.__class__ is Row and r.failed]
     if failing:
         stack = format_stack(job.stack) if job.stack is not None else user_stack()
         for r in failing:

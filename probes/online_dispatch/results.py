@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from probes.core.dispatch_metrics import FAILING, YES, LeafVerdict, format_figure
-from probes.core.writers import CsvAppender, write_json_atomic
+from probes.core.writers import CsvAppender, csv_field, write_json_atomic
 
 logger = logging.getLogger("probes.online_dispatch")
 
@@ -77,17 +77,50 @@ def _ulps(v: Any) -> Any:
 
 NO_STATS = ("", "", "")  # the statistics columns of a row that shows none
 _NO_EXTRA = ("", "", "", "", "")
-ACCURACY_CELL, FAILED_RULE_CELL = 15, 23  # where a row's cells hold its accuracy and FailedRule
 
 # an input row's cells from Cosine on: compared with itself (as documented: Cosine 1, errors 0, Yes),
 # no stack, message, evidence, FailedRule or scaled figure
 _INPUT_TAIL = (format_figure(1.0), format_figure(0.0), format_figure(0.0), YES, "", "", "", "", "", "", "", "", "")
+_INPUT_TAIL_TEXT = ",".join(_INPUT_TAIL)
+_NO_STATS_TEXT = ",,,,,,"  # the six statistics fields left blank, with the comma before each
+
+# Most rows of every op are an input leaf's or a passing output leaf's, of a few fixed forms: they
+# are rendered here, as csv.writer would write their cells, from fields known in advance (the dtype
+# and shape texts remembered as CSV fields).
+_FIELDS: dict[str, str] = {}
+_FIELDS_KEPT = 4096
+
+
+def _field(text: str) -> str:
+    field = _FIELDS.get(text)
+    if field is None:
+        if len(_FIELDS) >= _FIELDS_KEPT:
+            _FIELDS.clear()
+        field = _FIELDS[text] = csv_field(text)
+    return field
 
 
 def input_row(name: str, npu_dtype: str, bench_dtype: str, shape: str, stats: tuple[Any, Any, Any]) -> list[Any]:
     """The CSV cells of an input leaf (what Row(..., 1.0, 0.0, 0.0, "Yes").cells() gives): a list,
     not a Row, since an input row is never judged and every op writes one per input."""
     return [name, name, npu_dtype, bench_dtype, shape, shape, *stats, *stats, *_INPUT_TAIL]
+
+
+def input_line(name: str, npu_dtype: str, bench_dtype: str, shape: str, value: float | None = None) -> str:
+    """The CSV line of an input leaf (input_row's cells as csv.writer writes them) for a `name`
+    csv.writer writes as it is (writers.needs_quotes: none): a tensor's, without statistics, or a
+    Python number's, whose statistics are its `value`."""
+    shape = _FIELDS.get(shape) or _field(shape)
+    stats = _NO_STATS_TEXT if value is None else f",{value!r}" * 6  # csv.writer writes a float as its repr
+    return (f"{name},{name},{_FIELDS.get(npu_dtype) or _field(npu_dtype)},{_FIELDS.get(bench_dtype) or _field(bench_dtype)},"
+            f"{shape},{shape}{stats},{_INPUT_TAIL_TEXT}")
+
+
+def with_input_stats(line: str, stats: tuple[float, float, float]) -> str:
+    """An input_line with its statistics filled in (an op with a failing leaf shows them)."""
+    head = line[: -len(_NO_STATS_TEXT) - 1 - len(_INPUT_TAIL_TEXT)]
+    figures = ",".join([repr(v) for v in stats])  # csv.writer writes a float as its repr
+    return f"{head},{figures},{figures},{_INPUT_TAIL_TEXT}"
 
 
 def output_row(name: str, npu_dtype: str, bench_dtype: str, shape: str, v: LeafVerdict) -> Row:
@@ -98,12 +131,21 @@ def output_row(name: str, npu_dtype: str, bench_dtype: str, shape: str, v: LeafV
                v.max_rel_err, v.accuracy, "", v.message, _NO_EXTRA, v.failed_rule, v.scaled_ulps)
 
 
-def passing_output_cells(name: str, npu_dtype: str, bench_dtype: str, shape: str, v: LeafVerdict) -> list[Any]:
-    """The CSV cells of an output leaf that passed and shows no evidence (what output_row(...).cells()
-    gives): a list, not a Row, since most leaves of every op are such, and nothing else reads them."""
-    return [name, name, npu_dtype, bench_dtype, shape, shape, "", "", "", "", "", "", format_figure(v.cosine),
-            format_figure(v.max_abs_err), format_figure(v.max_rel_err), v.accuracy, "", v.message, "", "", "", "",
-            "", v.failed_rule, _ulps(v.scaled_ulps)]
+def passing_output_line(name: str, npu_dtype: str, bench_dtype: str, shape: str, v: LeafVerdict) -> str:
+    """The CSV line of an output leaf that passed (accuracy Yes, no FailedRule) and shows no evidence:
+    output_row(...).cells() as csv.writer writes them, for a `name` written as it is (as input_line)."""
+    message = v.message
+    shape = _FIELDS.get(shape) or _field(shape)
+    ulps = v.scaled_ulps
+    ulps = repr(float(f"{ulps:.6g}")) if ulps.__class__ is float else _field(str(ulps))
+    return (f"{name},{name},{_FIELDS.get(npu_dtype) or _field(npu_dtype)},{_FIELDS.get(bench_dtype) or _field(bench_dtype)},"
+            f"{shape},{shape}{_NO_STATS_TEXT},{_figure_field(v.cosine)},{_figure_field(v.max_abs_err)},"
+            f"{_figure_field(v.max_rel_err)},{YES},,{csv_field(message) if message else ''},,,,,,,{ulps}")
+
+
+def _figure_field(value: float | str) -> str:
+    # format_figure's numbers hold digits, signs, points and "inf" / "nan": never quoted
+    return _field(value) if value.__class__ is str else format_figure(value)
 
 
 def special_row(name: str, npu_dtype: str, bench_dtype: str, npu_shape: str, bench_shape: str,
@@ -146,16 +188,16 @@ class RunResults:
     def __post_init__(self) -> None:
         self.csv = CsvAppender(self.csv_path, COLUMNS + EXTRA_COLUMNS, encoding=ENCODING, newline=LINE_END)
 
-    def add_rows(self, rows: list[Row | list[Any]], inputs: list[list[Any]] = ()) -> None:
-        """An op's rows: its input rows' cells (input_row), then its output rows (a Row, or the
-        cells of a passing leaf: passing_output_cells)."""
+    def add_rows(self, rows: list[Row | str], inputs: list[list[Any] | str] = ()) -> None:
+        """An op's rows: its input rows (input_line, or input_row's cells), then its output rows (a
+        Row, or the line of a leaf that passed: passing_output_line)."""
         accuracy, failed_rules = self.accuracy_counts, self.failed_rules
         if inputs:
             accuracy[YES] += len(inputs)
         cells = [*inputs]
         for r in rows:
-            if r.__class__ is list:
-                acc, rule = r[ACCURACY_CELL], r[FAILED_RULE_CELL]
+            if r.__class__ is str:  # passed: Yes, no FailedRule
+                acc, rule = YES, ""
             else:
                 acc, rule = r.accuracy, r.failed_rule
                 r = r.cells()

@@ -34,7 +34,7 @@ from probes.online_dispatch.leaf_pairs import (
     may_overflow,
     overflowed_as,
 )
-from probes.online_dispatch.results import Row, output_row, passing_output_cells
+from probes.online_dispatch.results import Row, output_row, passing_output_line, with_input_stats
 
 
 def _eps(t: torch.Tensor) -> float | None:
@@ -139,10 +139,10 @@ def input_statistics(stat_tensors: list[torch.Tensor]) -> list[list[float]]:
 
 
 def rows(cmp: OpComparison, out_figs: list[list[float]], all_details: bool = False,
-         rule: str = rules.BOTH) -> tuple[list[list[Any]], list[Row | list[Any]]]:
+         rule: str = rules.BOTH) -> tuple[list[list[Any] | str], list[Row | str]]:
     """(input rows' cells, output rows) of one op, outputs judged by `rule` (the documented rule, the
     scaled rule, or both: a leaf fails when either fails) + noise floor. An output leaf that
-    passes without evidence is given as its cells (results.passing_output_cells), every other as a Row.
+    passes without evidence is given as its CSV line (results.passing_output_line), every other as a Row.
 
     A leaf is first judged without the floor; only a leaf that fails needs the noise floor,
     so only then are the magnitudes measured (its own two sides and the op's inputs: the floor's
@@ -160,19 +160,22 @@ def rows(cmp: OpComparison, out_figs: list[list[float]], all_details: bool = Fal
                 suspects = True
     if not suspects:  # the usual op: no statistics, every judged leaf's verdict stands
         verdicts = iter(judged)
-        out_rows: list[Row | list[Any]] = []
+        out_rows: list[Row | str] = []
         for leaf in cmp.outputs:
             if leaf.special is not None:
                 _append_special(out_rows, leaf.special, rule)
             else:
                 v = next(verdicts)[1]
-                out_rows.append(passing_output_cells(leaf.name, leaf.dev_dtype, leaf.ref_dtype, leaf.shape, v))
+                if v.accuracy == dm.YES and not v.failed_rule and cmp.plain_names:
+                    out_rows.append(passing_output_line(leaf.name, leaf.dev_dtype, leaf.ref_dtype, leaf.shape, v))
+                else:
+                    out_rows.append(output_row(leaf.name, leaf.dev_dtype, leaf.ref_dtype, leaf.shape, v))
         return cmp.input_cells, out_rows
     return _rows_with_evidence(cmp, out_figs, all_details, rule, judged)
 
 
 def _rows_with_evidence(cmp: OpComparison, out_figs: list[list[float]], all_details: bool, rule: str,
-                        judged: list[tuple[OutputLeaf, Any]]) -> tuple[list[list[Any]], list[Row | list[Any]]]:
+                        judged: list[tuple[OutputLeaf, Any]]) -> tuple[list[list[Any] | str], list[Row | str]]:
     """`rows` of an op with a leaf that failed without the floor (or of every op, `all_details`)."""
     suspects = [leaf for leaf, v in judged if all_details or v.failed]
     in_stats = input_statistics(cmp.stat_tensors)
@@ -186,7 +189,7 @@ def _rows_with_evidence(cmp: OpComparison, out_figs: list[list[float]], all_deta
         elif leaf.is_float and not leaf.tensor:
             in_scale = max(in_scale, abs(leaf.value))
     verdicts = {id(leaf): v for leaf, v in judged}
-    out_rows: list[Row | list[Any]] = []
+    out_rows: list[Row | str] = []
     for leaf in cmp.outputs:
         if leaf.special is not None:
             _append_special(out_rows, leaf.special, rule)
@@ -205,16 +208,16 @@ def _rows_with_evidence(cmp: OpComparison, out_figs: list[list[float]], all_deta
         if ev is not None:
             _fill_row(row, leaf, ev, verdict.floor)
         out_rows.append(row)
-    in_rows: list[list[Any]] = []
-    for leaf, cells in zip(inputs, cmp.input_cells):
-        if leaf.index >= 0:
+    in_rows: list[list[Any] | str] = []
+    for leaf, row in zip(inputs, cmp.input_cells):
+        if leaf.index >= 0:  # a tensor's row: results.input_line, or its cells
             stats = _mean_stats(in_stats[leaf.index])
-            cells = [*cells[:6], *stats, *stats, *cells[12:]]
-        in_rows.append(cells)
+            row = with_input_stats(row, stats) if row.__class__ is str else [*row[:6], *stats, *stats, *row[12:]]
+        in_rows.append(row)
     return in_rows, out_rows
 
 
-def _append_special(out_rows: list[Row | list[Any]], special: Row, rule: str) -> None:
+def _append_special(out_rows: list[Row | str], special: Row, rule: str) -> None:
     if special.failed:
         special.failed_rule = dm.rule_label(rule != rules.SCALED, rule != rules.REFERENCE)
     out_rows.append(special)

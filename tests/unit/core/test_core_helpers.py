@@ -9,7 +9,7 @@ import sys
 from probes.core.hints import close_matches, did_you_mean
 from probes.core.number_format import short_number
 from probes.core.versions import imported_frameworks, versions
-from probes.core.writers import json_value, write_bytes_atomic, write_json_atomic
+from probes.core.writers import CsvAppender, csv_field, json_value, write_bytes_atomic, write_json_atomic
 
 
 def test_close_matches_fold_case_first_and_keep_the_users_prefix():
@@ -70,3 +70,22 @@ def test_json_summary_writes_non_finite_floats_and_odd_keys_as_strings(tmp_path)
     write_json_atomic(target, data, encoded={"rows": "[" + ", ".join(json_value(r) for r in rows) + "]"})
     assert target.read_bytes() == whole
     assert json.loads(whole)["rows"][0]["max_rel"] == "inf"
+
+
+def test_csv_appender_writes_rendered_lines_and_cell_lists_in_order_as_csv_writer_would(tmp_path):
+    """A tool may hand over a line it rendered itself (csv_field's quoting) between lists of cells."""
+    import csv
+    import io
+
+    rows = [["a", "[4, 8]", 1.5], ["b", 'say "hi"', ""], ["c\nd", "e\r", -0.0]]
+    rendered = [",".join(csv_field(c) if isinstance(c, str) else repr(c) for c in row) for row in rows]
+    expected = io.StringIO()
+    writer = csv.writer(expected, lineterminator="\r\n")
+    writer.writerow(["h1", "h2", "h3"])
+    writer.writerows(rows * 2)
+    out = CsvAppender(tmp_path / "x.csv", ["h1", "h2", "h3"], newline="\r\n")
+    out.add_all([rendered[0], rows[1], rows[2]])  # a line, then two lists
+    out.flush()
+    out.add_all([rows[0], rendered[1], rendered[2]])  # a list, then two lines
+    out.flush()
+    assert (tmp_path / "x.csv").read_bytes() == expected.getvalue().encode()

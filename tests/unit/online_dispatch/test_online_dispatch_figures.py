@@ -3,6 +3,9 @@ formulas applied op by op, and the choice of the reference thread by measured co
 
 from __future__ import annotations
 
+import csv
+import dataclasses
+import io
 import math
 import threading
 
@@ -83,6 +86,16 @@ def test_fast_figures_equal_the_core_formulas_and_leave_the_device_tensor_alone(
     assert all(math.isclose(x, y, rel_tol=1e-12) for x, y in zip(fast[0], core, strict=True)), (fast[0], core)
 
 
+def _csv_line(cells: list) -> str:
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\r\n").writerow(cells)
+    return buf.getvalue()[:-2]
+
+
+# texts csv.writer quotes (a comma, a quote, line ends) and ones it does not
+_TEXTS = ("mm_1_input.0", "[4, 8]", "[8]", "[]", 'we"ird', "a\nb", "c\rd", "<class 'int'>", "")
+
+
 def test_an_input_row_is_the_cells_of_a_row_compared_with_itself():
     stats = (2.5, -1.0, 0.25)
     for st in (stats, ("", "", "")):
@@ -91,17 +104,53 @@ def test_an_input_row_is_the_cells_of_a_row_compared_with_itself():
         assert results.input_row("mm_1_input.0", "torch.float32", "torch.float64", "[4, 8]", st) == row.cells()
 
 
+@pytest.mark.parametrize("text", _TEXTS)
+def test_an_input_line_is_what_csv_writer_writes_of_its_cells(text):
+    """A tensor input's row is rendered without csv.writer: the same bytes, statistics or not."""
+    for name, dtype, shape in (("mm_1_input.0", text, text),):
+        line = results.input_line(name, dtype, "torch.float64", shape)
+        assert line == _csv_line(results.input_row(name, dtype, "torch.float64", shape, results.NO_STATS))
+        for stats in ((2.5, -1.0, 0.25), (float("nan"), float("-inf"), -0.0), (1e-300, 3.0, 1 / 3)):
+            assert results.with_input_stats(line, stats) == _csv_line(
+                results.input_row(name, dtype, "torch.float64", shape, stats))
+        for value in (2.0, -0.0, float("inf"), 1e-300, 1 / 3):  # a Python number's: its value as the statistics
+            assert results.input_line(name, dtype, dtype, "[]", value) == _csv_line(
+                results.input_row(name, dtype, dtype, "[]", (value, value, value)))
+
+
 @pytest.mark.parametrize("figs, numel, dtype_name", [
     ([0.5, 0.25, 1.0, 1e-7, 0.0, 8.0, 1e-7], 8, "float32"),  # passes: cosine and errors printed
     ([1.0, 1.0, 1.0, 0.0, 0.0, 1.0, 0.0], 1, "float32"),  # one element: "unsupported", a message
     ([0.0, 0.0, 0.0, 0.0, 0.0, 4.0, 0.0], 4, "float32"),  # both sides zero: cosine 1.0
     ([3.0, 9.0, 1.0, 0.0, 0.0, 3.0, -1.0], 3, "int64"),  # exact dtype, no scaled figure
+    ([0.5, 0.25, 1.0, 1e-3, 0.0, 8.0, 1e-9], 8, "bfloat16"),  # a scaled figure of several digits
 ])
-def test_a_passing_output_leafs_cells_are_those_of_its_row(figs, numel, dtype_name):
+@pytest.mark.parametrize("text", _TEXTS)
+def test_a_passing_output_leafs_line_is_what_csv_writer_writes_of_its_row(figs, numel, dtype_name, text):
     v = verdict.dm.judge(figs, numel, dtype_name, 0.0)
-    assert not v.failed
-    args = ("mm_3_output", "torch.float32", "torch.float64", "[4, 8]", v)
-    assert results.passing_output_cells(*args) == results.output_row(*args).cells()
+    assert not v.failed and v.accuracy == "Yes" and not v.failed_rule
+    for args in (("mm_3_output", text, text, text, v),
+                 ("mm_3_output", "torch.float32", "torch.float64", "[4, 8]",
+                  dataclasses.replace(v, message=f"note, {text}"))):
+        assert results.passing_output_line(*args) == _csv_line(results.output_row(*args).cells())
+
+
+@pytest.mark.parametrize("prefix, plain", [("mul_3", True), ('my,op"1', False), ("op\n2", False)])
+def test_an_ops_rows_are_lines_only_where_its_leaves_names_need_no_quotes(prefix, plain):
+    """A name csv.writer would quote (a custom op's, a graph's) keeps the cells path: the same bytes."""
+    cmp = leaf_pairs.OpComparison(prefix)
+    assert cmp.plain_names is plain
+    x = torch.randn(4, 8)
+    leaf_pairs.collect_inputs(cmp, (x, 2.0), {}, (x.double(), 2.0), {})
+    leaf_pairs.collect_outputs(cmp, x * 2, x.double() * 2, None)
+    ins, outs = verdict.rows(cmp, figure_parts.leaf_figures(cmp.pairs))
+    assert [r.__class__ is str for r in ins] == [plain, plain]
+    assert [r.__class__ is str for r in outs] == [plain]
+    expected = [results.input_row(f"{prefix}_input.0", "torch.float32", "torch.float64", "[4, 8]", results.NO_STATS),
+                results.input_row(f"{prefix}_input.1", "<class 'float'>", "<class 'float'>", "[]", (2.0, 2.0, 2.0))]
+    cells = [r if r.__class__ is list else next(csv.reader([r])) for r in ins]
+    assert [_csv_line(c) for c in cells] == [_csv_line(c) for c in expected]
+    assert [r if plain else _csv_line(r) for r in ins] == [_csv_line(c) for c in expected]
 
 
 def test_shape_texts_are_the_csv_rendering_and_their_cache_stays_bounded(monkeypatch):

@@ -43,6 +43,11 @@ struct Task {
   bool failed = false;
   bool done = false;
   std::vector<c10::IValue> inputs;  // with cast: the reference's arguments, for the rows
+  // the arguments as submitted. The user's tensors (and the probe's copies) have Python objects,
+  // and PyTorch takes the GIL when the last C++ reference beside a Python object ends
+  // (intrusive_ptr's 2 -> 1 decref_pyobject): these, like `dev`, are let go with the Task on the
+  // user's thread, which holds the GIL, so the runner never waits for it (a step's ~800 hand-overs)
+  torch::jit::Stack submitted;
   std::vector<std::array<double, 5>> parts;
   std::vector<char> measured;
   // a Python reference: its callable and arguments, and its result; set and released with the GIL held
@@ -265,11 +270,13 @@ class Runner {
         task->failed = true;
         task->stack.clear();
         task->inputs.clear();
-        task->dev.clear();
       }
       {
         std::lock_guard<std::mutex> lock(mutex_);
         task->done = true;
+        // the user's thread holds the task until it has seen `done` (under this lock), so the
+        // task and the user's tensors in it are released there, with the GIL
+        task.reset();
       }
       finished_.notify_all();
     }
@@ -286,6 +293,7 @@ class Runner {
         run_python(task);
         return;
       }
+      task.submitted = task.stack;  // (3 references where there were 2: no GIL either way)
       if (task.cast) {
         convert(task.op->schema(), task.stack, task.half_to_float);
         task.inputs = task.stack;
@@ -295,7 +303,6 @@ class Runner {
       task.failed = true;
       task.stack.clear();
       task.inputs.clear();
-      task.dev.clear();
       return;
     }
     std::vector<at::Tensor> refs;
@@ -325,7 +332,6 @@ class Runner {
         }
       }
     }
-    task.dev.clear();  // the runner holds no device tensor once done
   }
 
   void measure(const at::Tensor& leaf, const at::Tensor& ref_leaf, std::array<double, 5>& out, char& measured) const {

@@ -234,6 +234,34 @@ def test_a_leaf_the_kernel_cannot_read_is_left_to_the_user_thread(runner_built):
     assert runner.pending() == 0
 
 
+@pytest.mark.parametrize("cast", [True, False], ids=["runner_copies", "copies_given"])
+def test_the_runner_finishes_ops_while_the_user_thread_holds_the_gil(runner_built, cast):
+    """PyTorch takes the GIL when the last C++ reference beside a tensor's Python object ends: the
+    runner must leave the user's tensors (arguments, device leaves) to the user's thread, or it
+    waits for the GIL at every op. Here the user's thread keeps the GIL (no switch for 100 s) while
+    the runner works: each op must still finish."""
+    import sys
+    import time
+
+    runner = torch_reference_runner.ReferenceRunner(runner_built)
+    index = runner.index(torch.ops.aten.mul.Tensor)
+    x, y = torch.randn(64), torch.randn(64)  # Python objects whose only C++ references are the runner's
+    args = (x, y) if cast else (x.double(), y.double())
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(100.0)
+    try:
+        for _ in range(3):
+            assert runner.submit(index, args, {}, [x * y], False, cast, -1)
+            deadline = time.monotonic() + 5.0
+            while not runner.ready() and time.monotonic() < deadline:  # spins with the GIL held
+                pass
+            assert runner.ready(), "the runner waited for the GIL"
+            failed, out, parts, _copies = runner.next()
+            assert not failed and out.dtype == torch.float64 and parts[0] is not None
+    finally:
+        sys.setswitchinterval(switch)
+
+
 def test_one_process_builds_and_the_others_look_again(tmp_path, monkeypatch):
     """A build marker held by a live process keeps the others from starting builds of their own
     (short test processes would each start one); a dead process's or an old marker is taken over."""

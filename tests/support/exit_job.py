@@ -29,6 +29,10 @@ def main(tool: str, dump: str) -> None:
     from probes.pytorch import PrecisionDebugger
     from probes.pytorch.online_dispatch import PtdbgDispatch
 
+    # imported after the group exists, torch._dynamo (which DDP and online_dispatch's first
+    # collective import) keeps the group alive past destroy_process_group: docs/multi-rank.md
+    import torch._dynamo  # noqa: F401
+
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)

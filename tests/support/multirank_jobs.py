@@ -246,6 +246,12 @@ JOBS = {"free_benchmark": free_benchmark_job, "online_dispatch": online_dispatch
 def main(argv: list[str]) -> int:
     """torchrun entry: ``multirank_jobs.py TOOL DUMP DEFECT_RANK``; writes DUMP/job_rank{R}.json."""
     tool, dump, defect = argv[0], argv[1], int(argv[2])
+    # PyTorch imports torch._dynamo when the first collective goes through a Python dispatch mode
+    # (online_dispatch's); imported while a process group exists, it keeps the group alive past
+    # destroy_process_group, and gloo's worker threads then run into the interpreter's shutdown
+    # and abort ~1 run in 30 after every file is written. Imported before, it does not.
+    import torch._dynamo  # noqa: F401
+
     dist.init_process_group("gloo")  # torchrun's env://; "hccl" on NPU nodes, "nccl" on CUDA
     try:
         out = JOBS[tool](dump, defect)

@@ -15,6 +15,7 @@ Run under torchrun (the README's multi-rank section):
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
@@ -250,7 +251,7 @@ def main(argv: list[str]) -> int:
     # (online_dispatch's); imported while a process group exists, it keeps the group alive past
     # destroy_process_group, and gloo's worker threads then run into the interpreter's shutdown
     # and abort ~1 run in 30 after every file is written. Imported before, it does not.
-    import torch._dynamo  # noqa: F401
+    importlib.import_module("torch._dynamo")
 
     dist.init_process_group("gloo")  # torchrun's env://; "hccl" on NPU nodes, "nccl" on CUDA
     try:

@@ -45,7 +45,7 @@ struct Task {
   std::vector<c10::IValue> inputs;  // with cast: the reference's arguments, for the rows
   // the arguments as submitted. The user's tensors (and the probe's copies) have Python objects,
   // and PyTorch takes the GIL when the last C++ reference beside a Python object ends
-  // (intrusive_ptr's 2 -> 1 decref_pyobject): these, like `dev`, are let go with the Task on the
+  // (intrusive_ptr's 2 -> 1 decref_pyobject): these and `dev` are let go by Channel::next on the
   // user's thread, which holds the GIL, so the runner never waits for it (a step's ~800 hand-overs)
   torch::jit::Stack submitted;
   std::vector<std::array<double, 5>> parts;
@@ -274,9 +274,6 @@ class Runner {
       {
         std::lock_guard<std::mutex> lock(mutex_);
         task->done = true;
-        // the user's thread holds the task until it has seen `done` (under this lock), so the
-        // task and the user's tensors in it are released there, with the GIL
-        task.reset();
       }
       finished_.notify_all();
     }
@@ -441,6 +438,11 @@ class Channel {
     std::shared_ptr<Task> task = pending_.front();
     pending_.pop_front();
     runner_->wait(*task);
+    // the tensors with Python objects let go here, with the GIL, whichever thread drops the task
+    // last (a task whose channel closed before collecting it is released on the runner's thread,
+    // which then takes the GIL, holding no lock)
+    task->submitted.clear();
+    task->dev.clear();
     if (task->failed) {
       return py::make_tuple(true, py::none(), py::none(), py::none());
     }

@@ -7,6 +7,7 @@ every row); the tools flush at least once per step so a crash loses at most one 
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import math
 import os
@@ -30,6 +31,10 @@ def csv_field(text: str) -> str:
     """`text` as csv.writer writes it (minimal quoting): for rows a tool renders itself, where most
     of a line is known in advance (a tool writing a row per op pays ~2.5 us a row to csv.writer)."""
     return '"' + text.replace('"', '""') + '"' if needs_quotes(text) else text
+
+
+def _is_line(row: list[Any] | str) -> bool:
+    return row.__class__ is str
 
 
 class CsvAppender:
@@ -69,18 +74,11 @@ class CsvAppender:
             writer = csv.writer(fh, lineterminator=self.newline)
             if new:
                 writer.writerow(self.header)
-            start, end = 0, len(rows)
-            while start < end:  # runs of rendered lines and of cell lists, in order
-                stop = start
-                if rows[start].__class__ is str:
-                    while stop < end and rows[stop].__class__ is str:
-                        stop += 1
-                    fh.write(self.newline.join(rows[start:stop]) + self.newline)
+            for rendered, run in itertools.groupby(rows, _is_line):  # runs of lines and of cell lists, in order
+                if rendered:
+                    fh.write(self.newline.join(run) + self.newline)
                 else:
-                    while stop < end and rows[stop].__class__ is not str:
-                        stop += 1
-                    writer.writerows(rows[start:stop])
-                start = stop
+                    writer.writerows(run)
         if new:
             try:
                 os.chmod(self.path, FILE_MODE)

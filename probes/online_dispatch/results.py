@@ -106,14 +106,20 @@ def input_row(name: str, npu_dtype: str, bench_dtype: str, shape: str, stats: tu
     return [name, name, npu_dtype, bench_dtype, shape, shape, *stats, *stats, *_INPUT_TAIL]
 
 
-def input_line(name: str, npu_dtype: str, bench_dtype: str, shape: str, value: float | None = None) -> str:
-    """The CSV line of an input leaf (input_row's cells as csv.writer writes them) for a `name`
-    csv.writer writes as it is (writers.needs_quotes: none): a tensor's, without statistics, or a
-    Python number's, whose statistics are its `value`."""
+def _leaf_fields(name: str, npu_dtype: str, bench_dtype: str, shape: str) -> str:
+    """A row's first six fields (name, dtypes, shapes), for a `name` csv.writer writes as it is
+    (writers.needs_quotes: none)."""
     shape = _FIELDS.get(shape) or _field(shape)
-    stats = _NO_STATS_TEXT if value is None else f",{value!r}" * 6  # csv.writer writes a float as its repr
     return (f"{name},{name},{_FIELDS.get(npu_dtype) or _field(npu_dtype)},{_FIELDS.get(bench_dtype) or _field(bench_dtype)},"
-            f"{shape},{shape}{stats},{_INPUT_TAIL_TEXT}")
+            f"{shape},{shape}")
+
+
+def input_line(name: str, npu_dtype: str, bench_dtype: str, shape: str, value: float | None = None) -> str:
+    """The CSV line of an input leaf (input_row's cells as csv.writer writes them, `name` as in
+    _leaf_fields): a tensor's, without statistics, or a Python number's, whose statistics are its
+    `value`."""
+    stats = _NO_STATS_TEXT if value is None else f",{value!r}" * 6  # csv.writer writes a float as its repr
+    return f"{_leaf_fields(name, npu_dtype, bench_dtype, shape)}{stats},{_INPUT_TAIL_TEXT}"
 
 
 def with_input_stats(line: str, stats: tuple[float, float, float]) -> str:
@@ -133,14 +139,13 @@ def output_row(name: str, npu_dtype: str, bench_dtype: str, shape: str, v: LeafV
 
 def passing_output_line(name: str, npu_dtype: str, bench_dtype: str, shape: str, v: LeafVerdict) -> str:
     """The CSV line of an output leaf that passed (accuracy Yes, no FailedRule) and shows no evidence:
-    output_row(...).cells() as csv.writer writes them, for a `name` written as it is (as input_line)."""
+    output_row(...).cells() as csv.writer writes them (`name` as in _leaf_fields)."""
     message = v.message
-    shape = _FIELDS.get(shape) or _field(shape)
     ulps = v.scaled_ulps
     ulps = repr(float(f"{ulps:.6g}")) if ulps.__class__ is float else _field(str(ulps))
-    return (f"{name},{name},{_FIELDS.get(npu_dtype) or _field(npu_dtype)},{_FIELDS.get(bench_dtype) or _field(bench_dtype)},"
-            f"{shape},{shape}{_NO_STATS_TEXT},{_figure_field(v.cosine)},{_figure_field(v.max_abs_err)},"
-            f"{_figure_field(v.max_rel_err)},{YES},,{csv_field(message) if message else ''},,,,,,,{ulps}")
+    return (f"{_leaf_fields(name, npu_dtype, bench_dtype, shape)}{_NO_STATS_TEXT},{_figure_field(v.cosine)},"
+            f"{_figure_field(v.max_abs_err)},{_figure_field(v.max_rel_err)},{YES},,"
+            f"{csv_field(message) if message else ''},,,,,,,{ulps}")
 
 
 def _figure_field(value: float | str) -> str:

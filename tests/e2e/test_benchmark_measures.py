@@ -73,3 +73,40 @@ def test_persistent_bytes_counts_weights_gradients_and_optimizer_state():
     after = bench.persistent_bytes(holder)
     # + gradients + exp_avg + exp_avg_sq (+ the step counters)
     assert after >= before + 3 * 4 * n_params
+
+
+@pytest.mark.parametrize("level", ["L0", "L1"])
+def test_grad_probe_floor_writes_the_files_the_monitor_writes(tmp_path, level):
+    """grad_probe_overhead's floor stands for the dump's cost: for each step it must create the
+    folders and files the monitor creates, the direction files with the same names and sizes."""
+    import grad_probe_overhead as gpo
+
+    spec = gpo.SPECS["toy"]
+    probed, floor_bench = gpo.Bench(spec), gpo.Bench(spec)
+    dbg = gpo.make_debugger(level, str(tmp_path / "probed"))
+    gpo._OPEN.clear()  # the test removes the dump itself (close_debuggers would delete it)
+    try:
+        for _ in range(2):
+            gpo.probed_step(dbg, probed)
+    finally:
+        dbg.stop()
+    files = gpo.FloorFiles(str(tmp_path / "floor"), floor_bench.model, level)
+    for _ in range(2):
+        floor_bench.step()
+        files.write()
+
+    def layout(root):
+        return sorted((str(p.relative_to(root)), p.stat().st_size if p.suffix == ".npy" else p.is_dir())
+                      for p in root.rglob("*") if p.name != "summary.json")  # (written once, at stop)
+
+    monitor = layout(tmp_path / "probed" / "rank0")
+    assert layout(tmp_path / "floor") == monitor
+    assert len(monitor) == (2 if level == "L0" else 2 * (1 + 1 + 6))  # CSVs, folders, a file per parameter
+
+
+def test_a_ratio_over_its_target_is_the_machines_only_when_its_floor_is_too():
+    assert bench.fbo.verdict(1.9, 2.0, 2.5) == "PASS"
+    assert bench.fbo.verdict(2.3, 2.0, 1.5) == "FAIL"  # the tool's own cost: a failure
+    assert bench.fbo.verdict(2.3, 2.0, 2.5) == "FLOOR"  # the least work is over the target already
+    assert bench.fbo.verdict(2.3, 2.0) == "FAIL"
+    assert bench.fbo.verdict(None, 2.0, 1.0) == "ERR"

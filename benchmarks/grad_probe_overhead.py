@@ -157,7 +157,8 @@ def dump_bytes(path: str) -> int:
 def time_config(spec: ModelSpec, level: str, repeats: int, dump_root: str | None = None) -> dict[str, Any]:
     plain_bench, probed_bench, floor_bench = Bench(spec), Bench(spec), Bench(spec)  # same seed: identical
     with tempfile.TemporaryDirectory(prefix="gp_overhead_", dir=dump_root) as tmp:
-        dbg = make_debugger(level, os.path.join(tmp, "probed"))
+        probed_dump = os.path.join(tmp, "probed")
+        dbg = make_debugger(level, probed_dump)
         files = FloorFiles(os.path.join(tmp, "floor"), floor_bench.model, level)
 
         def plain() -> None:
@@ -181,10 +182,10 @@ def time_config(spec: ModelSpec, level: str, repeats: int, dump_root: str | None
             floor()
             arms = fbo.time_arms({"plain": plain, "probed": probed, "floor": floor}, repeats)
         finally:
-            _OPEN.remove((dbg, os.path.join(tmp, "probed")))
+            _OPEN.remove((dbg, probed_dump))
             dbg.stop()
         summary = dbg.summary()
-        size = dump_bytes(os.path.join(tmp, "probed"))
+        size = dump_bytes(probed_dump)
     probed_steps = spec.warmup + repeats * spec.steps
     written = len(summary["steps_written"])
     plain_s, floor_med = arms["plain"], statistics.median(arms["floor"])

@@ -141,8 +141,8 @@ def passing_output_line(name: str, npu_dtype: str, bench_dtype: str, shape: str,
     """The CSV line of an output leaf that passed (accuracy Yes, no FailedRule) and shows no evidence:
     output_row(...).cells() as csv.writer writes them (`name` as in _leaf_fields)."""
     message = v.message
-    ulps = v.scaled_ulps
-    ulps = repr(float(f"{ulps:.6g}")) if ulps.__class__ is float else _field(str(ulps))
+    ulps = _ulps(v.scaled_ulps)  # as Row.cells() rounds it
+    ulps = repr(ulps) if ulps.__class__ is float else _field(str(ulps))
     return (f"{_leaf_fields(name, npu_dtype, bench_dtype, shape)}{_NO_STATS_TEXT},{_figure_field(v.cosine)},"
             f"{_figure_field(v.max_abs_err)},{_figure_field(v.max_rel_err)},{YES},,"
             f"{csv_field(message) if message else ''},,,,,,,{ulps}")

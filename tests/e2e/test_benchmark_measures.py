@@ -83,8 +83,9 @@ def test_grad_probe_floor_writes_the_files_the_monitor_writes(tmp_path, level):
 
     spec = gpo.SPECS["toy"]
     probed, floor_bench = gpo.Bench(spec), gpo.Bench(spec)
-    dbg = gpo.make_debugger(level, str(tmp_path / "probed"))
-    gpo._OPEN.clear()  # the test removes the dump itself (close_debuggers would delete it)
+    dump = str(tmp_path / "probed")
+    dbg = gpo.make_debugger(level, dump)
+    gpo._OPEN.remove((dbg, dump))  # stopped here, the dump kept (close_debuggers would delete it)
     try:
         for _ in range(2):
             gpo.probed_step(dbg, probed)
